@@ -1,0 +1,19 @@
+//! millrace's protocol core: pure, deterministic state machines for the mill and its executors.
+//!
+//! Nothing here reads a clock, touches I/O, spawns a thread or draws a random number: time is
+//! an argument, durable writes are `Persist` outputs that the driver applies before acting on
+//! anything that follows them, and every map that is iterated is ordered. One input sequence
+//! therefore gives one output sequence, which is what lets the simulator (`sim`) find a bug
+//! from a seed and replay it, and lets the production driver (`node`) run the very same logic.
+//!
+//! See DESIGN.md for the rules (M…, E…, Q…) that the modules cite.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod job;
+pub mod quota;
+pub mod types;
+pub mod wire;
+
+pub use job::{Identity, JobSpec, JobState, LogRef, SpecError, Terminal, TerminalStatus};
+pub use types::{ConnId, Epoch, IdError, JobId, LeaseId, NodeId, Resources, Seqno, Time};

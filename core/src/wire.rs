@@ -1,0 +1,203 @@
+//! The wire protocol between executors and the mill (DESIGN §3).
+//!
+//! Every message is a variant of [`ToMill`] or [`ToExecutor`]; frames are a u32 big-endian
+//! length and a postcard body (see [`crate::codec`]). The protocol version travels in `Hello`.
+//! Fields that come from an untrusted peer and need validation with a reason (the node id in
+//! `Hello`) are carried raw and validated by the receiver.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{JobSpec, LogRef, TerminalStatus};
+use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Most engines an executor may advertise.
+pub const MAX_ENGINES: usize = 16;
+/// Most labels an executor may advertise.
+pub const MAX_NODE_LABELS: usize = 64;
+/// Most load entries per engine in a snapshot.
+pub const MAX_LOAD_ENTRIES: usize = 32;
+/// Most active leases one snapshot may report.
+pub const MAX_ACTIVE_LEASES: usize = 4096;
+/// Most events in one batch.
+pub const MAX_BATCH_EVENTS: usize = 1024;
+/// Longest reason or error text carried on the wire.
+pub const MAX_REASON: usize = 4096;
+/// Longest token.
+pub const MAX_TOKEN: usize = 1024;
+
+/// What an executor offers for one engine, in a snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineStatus {
+    /// A seat is free right now.
+    pub available: bool,
+    /// Seats in all.
+    pub capacity: u32,
+    /// Load per resource, each in 0..=1.
+    pub load: BTreeMap<String, f64>,
+}
+
+/// Why an executor turned a seat down (E2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RejectKind {
+    /// Busy now; may fit later.
+    Transient,
+    /// Can never run this job (engine, spec).
+    Incompatible,
+}
+
+/// One sequenced event from an executor's outbox (E5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the (node, epoch) stream.
+    pub seqno: Seqno,
+    /// The lease it is about.
+    pub lease: LeaseId,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What an event reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// The engine started the job.
+    Running,
+    /// The job ended on the executor.
+    Terminal {
+        /// How it ended.
+        status: TerminalStatus,
+        /// The exit code, if a process ran.
+        exit_code: Option<i32>,
+        /// Why it failed, if it did.
+        error: Option<String>,
+        /// The log, if one was kept.
+        log: Option<LogRef>,
+    },
+}
+
+/// Executor → mill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ToMill {
+    /// First message of every session (M1).
+    Hello {
+        /// Must equal [`PROTOCOL_VERSION`].
+        protocol_version: u32,
+        /// Raw; validated by the mill (M1).
+        node_id: String,
+        /// The executor's store id (E1).
+        epoch: Epoch,
+        /// Shared secret.
+        token: String,
+        /// Labels this executor holds.
+        labels: Vec<String>,
+        /// Engines it runs.
+        engines: Vec<String>,
+    },
+    /// Capacity and the leases the executor holds (reserved or running).
+    Snapshot {
+        /// Strictly increasing within a session (M7).
+        seqno: u64,
+        /// Per engine.
+        engines: BTreeMap<String, EngineStatus>,
+        /// Every lease the executor holds, reserved or running.
+        active_leases: Vec<LeaseId>,
+    },
+    /// Answer to `ReserveSeat`.
+    ReserveResult {
+        /// The lease asked about.
+        lease: LeaseId,
+        /// Whether a seat is held now.
+        accepted: bool,
+        /// Why not, when not accepted.
+        reject: Option<RejectKind>,
+        /// Human-readable reason.
+        reason: String,
+        /// What the executor charges, when accepted (M14).
+        resources: Resources,
+    },
+    /// Answer to `CommitLease`.
+    CommitResult {
+        /// The lease.
+        lease: LeaseId,
+        /// True when the job runs (or already ran) under it.
+        committed: bool,
+    },
+    /// Sequenced events (E5).
+    EventBatch {
+        /// Must equal the session's epoch (M19).
+        epoch: Epoch,
+        /// In seqno order.
+        events: Vec<Event>,
+    },
+    /// Answer to `CancelAttempt` (E7).
+    CancelAck {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Best-effort log bytes, not sequenced.
+    LiveLog {
+        /// The lease.
+        lease: LeaseId,
+        /// Raw bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+/// Mill → executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ToExecutor {
+    /// Session accepted; `cursor` is the last applied seqno for (node, epoch).
+    Welcome {
+        /// Last seqno the mill applied.
+        cursor: Seqno,
+    },
+    /// Session refused; the connection closes.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// A bid: hold a seat for this job (M12).
+    ReserveSeat {
+        /// Fresh for every ask.
+        lease: LeaseId,
+        /// The job.
+        job: JobId,
+        /// What to run.
+        spec: JobSpec,
+        /// Drop the seat if not committed within this (E3).
+        ttl: Duration,
+    },
+    /// Start the reserved job (E4).
+    CommitLease {
+        /// The lease.
+        lease: LeaseId,
+        /// Secrets for the job's environment.
+        secrets: BTreeMap<String, String>,
+    },
+    /// Drop a reservation; never stops a running job (E8).
+    ReleaseLease {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Stop the job and ack at once (E7).
+    CancelAttempt {
+        /// The lease.
+        lease: LeaseId,
+        /// Why.
+        reason: String,
+    },
+    /// Events up to `up_to` are durable at the mill; trim the outbox (E5).
+    Ack {
+        /// The executor's epoch.
+        epoch: Epoch,
+        /// Highest applied seqno.
+        up_to: Seqno,
+    },
+}
