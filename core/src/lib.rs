@@ -10,6 +10,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod codec;
+pub mod executor;
 pub mod job;
 pub mod quota;
 pub mod types;

@@ -1,0 +1,1 @@
+//! The executor's protocol state machine (DESIGN §5, E1–E12).
