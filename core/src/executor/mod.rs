@@ -1,1 +1,350 @@
 //! The executor's protocol state machine (DESIGN §5, E1–E12).
+//!
+//! An [`Executor`] holds seats for jobs the mill bids on, starts committed jobs through its
+//! driver's engine, and streams their Running/Terminal events to the mill through a durable,
+//! sequenced outbox that survives disconnects and restarts. Like the mill it is sans-IO: the
+//! driver feeds [`ExecutorInput`]s with the current time, drains [`ExecutorOutput`]s in order,
+//! and calls `handle(now, Tick)` at or after [`Executor::next_deadline`].
+//!
+//! Durability is expressed in output order: a [`ExecutorOutput::Persist`] must be durably
+//! applied before the driver acts on any output after it. The executor changes its durable
+//! state only through such batches, applying each to its own copy ([`Executor::durable`]),
+//! so `ExecutorSnapshot::apply` over every persisted batch rebuilds exactly what it holds.
+//!
+//! Rooms: `config` (settings and defaults), `store` (durable state and writes), `seats`
+//! (reservations, running jobs, admission), `session` (connection, Welcome, Ack, snapshots,
+//! silence), `outbox` (appending and sending events), `leases` (mill commands and engine
+//! reports), `backoff` (reconnect delays).
+
+mod backoff;
+mod config;
+mod leases;
+mod outbox;
+mod seats;
+mod session;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use crate::job::{JobSpec, LogRef, TerminalStatus};
+use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Time};
+use crate::wire::{ToExecutor, ToMill};
+
+pub use config::{
+    ConfigError, EngineConfig, ExecutorConfig, DEFAULT_BACKOFF_MAX, DEFAULT_BACKOFF_MIN,
+    DEFAULT_LIVE_LOG_BUDGET, DEFAULT_LIVE_LOG_CHUNK, DEFAULT_OUTBOX_CAPACITY,
+    DEFAULT_RECONNECT_GRACE, DEFAULT_SILENCE_TIMEOUT, DEFAULT_SNAPSHOT_INTERVAL,
+    DEFAULT_STOP_GRACE, MAX_LIVE_LOG_CHUNK, SEAT_LOAD, SEAT_RESOURCE,
+};
+pub use store::{ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StoreError, StoredJob};
+
+use backoff::Backoff;
+use seats::Seats;
+use session::Link;
+
+/// The terminal error of a job whose process died with the executor (E9).
+pub const RESTARTED: &str = "executor restarted";
+/// The terminal error of a job stopped by self-fencing (E12).
+pub const LOST_CONTACT: &str = "executor lost contact with the mill";
+
+/// Something that happened to the executor.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ExecutorInput {
+    /// The connection asked for by [`ExecutorOutput::Connect`] is up.
+    Connected {
+        /// The driver's number for it.
+        conn: ConnId,
+    },
+    /// The connection asked for by [`ExecutorOutput::Connect`] could not be made.
+    ConnectFailed,
+    /// A message from the mill.
+    Message {
+        /// The connection it came on.
+        conn: ConnId,
+        /// The message.
+        msg: ToExecutor,
+    },
+    /// A connection closed (either side, or the network).
+    Disconnected {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The engine started the job of `lease`.
+    JobStarted {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// The engine's job under `lease` ended (ran out, failed to start, or was stopped).
+    JobExited {
+        /// The lease.
+        lease: LeaseId,
+        /// How the engine says it ended (a requested stop overrides it).
+        status: TerminalStatus,
+        /// The process exit code, if one ran.
+        exit_code: Option<i32>,
+        /// Why it failed, if it did.
+        error: Option<String>,
+        /// Its log; must satisfy M25 or it is left out.
+        log: Option<LogRef>,
+    },
+    /// Output of a running job, forwarded best effort as `LiveLog`.
+    JobLog {
+        /// The lease.
+        lease: LeaseId,
+        /// Raw bytes.
+        bytes: Vec<u8>,
+    },
+    /// The process is shutting down: take no new seats; running jobs go on.
+    Drain,
+    /// A deadline passed (see [`Executor::next_deadline`]).
+    Tick,
+}
+
+/// Something the driver must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ExecutorOutput {
+    /// Open a connection to the mill; answer with `Connected` or `ConnectFailed`.
+    Connect,
+    /// Send a message on a connection.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// The message.
+        msg: ToMill,
+    },
+    /// Close a connection.
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// Why, for logs.
+        reason: String,
+    },
+    /// Apply these writes atomically before acting on any later output.
+    Persist(ExecutorBatch),
+    /// Start a committed job; report `JobStarted`, then `JobExited`.
+    StartJob {
+        /// The lease it runs under.
+        lease: LeaseId,
+        /// The job.
+        job: JobId,
+        /// What to run.
+        spec: JobSpec,
+        /// Secrets for its environment (never persisted).
+        secrets: BTreeMap<String, String>,
+    },
+    /// Stop a job politely, kill it after `grace`, then report `JobExited`.
+    StopJob {
+        /// The lease.
+        lease: LeaseId,
+        /// Time before the kill.
+        grace: Duration,
+    },
+}
+
+/// Why the executor could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    /// The loaded store is inconsistent.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Live-log budget per `snapshot_interval` window.
+#[derive(Debug, Clone)]
+struct LiveLogWindow {
+    start: Time,
+    used: usize,
+}
+
+/// The executor state machine. See the module docs.
+#[derive(Debug)]
+pub struct Executor {
+    config: ExecutorConfig,
+    /// What is durable: changed only through `persist`.
+    durable: ExecutorSnapshot,
+    seats: Seats,
+    link: Link,
+    backoff: Backoff,
+    /// When the mill last said something we accepted (E12, silence).
+    last_heard: Time,
+    /// Last snapshot seqno sent; strictly increasing for the life of the process (E10, M7).
+    snapshot_seqno: u64,
+    draining: bool,
+    live_log: LiveLogWindow,
+    outputs: VecDeque<ExecutorOutput>,
+}
+
+impl Executor {
+    /// Starts an executor on `store` (use [`ExecutorSnapshot::fresh`] for a new store).
+    ///
+    /// `config` should have passed [`ExecutorConfig::validate`] (or use [`Executor::try_new`]);
+    /// an invalid one never panics but may, for instance, spin on zero intervals.
+    /// Jobs the store still holds died with the previous process: each ends Failed
+    /// "executor restarted" (E9), persisted before anything else. Then it dials the mill.
+    pub fn new(config: ExecutorConfig, store: ExecutorSnapshot, now: Time) -> Self {
+        let backoff = Backoff::new(config.backoff_min, config.backoff_max, config.backoff_seed);
+        let mut executor = Executor {
+            config,
+            durable: store,
+            seats: Seats::default(),
+            link: Link::Down { retry_at: now },
+            backoff,
+            last_heard: now,
+            snapshot_seqno: 0,
+            draining: false,
+            live_log: LiveLogWindow {
+                start: now,
+                used: 0,
+            },
+            outputs: VecDeque::new(),
+        };
+        executor.fail_jobs_of_previous_process();
+        executor.run_timers(now);
+        executor
+    }
+
+    /// [`Executor::new`] after checking the config and the store.
+    pub fn try_new(
+        config: ExecutorConfig,
+        store: ExecutorSnapshot,
+        now: Time,
+    ) -> Result<Self, StartError> {
+        config.validate()?;
+        store.validate()?;
+        Ok(Self::new(config, store, now))
+    }
+
+    /// Feeds one input at `now`. Deadlines that passed are handled first, so the outcome
+    /// depends only on the sequence of (time, input).
+    pub fn handle(&mut self, now: Time, input: ExecutorInput) {
+        self.run_timers(now);
+        match input {
+            ExecutorInput::Connected { conn } => self.on_connected(now, conn),
+            ExecutorInput::ConnectFailed => self.on_connect_failed(now),
+            ExecutorInput::Message { conn, msg } => self.on_message(now, conn, msg),
+            ExecutorInput::Disconnected { conn } => self.on_disconnected(now, conn),
+            ExecutorInput::JobStarted { lease } => self.on_job_started(lease),
+            ExecutorInput::JobExited {
+                lease,
+                status,
+                exit_code,
+                error,
+                log,
+            } => self.on_job_exited(lease, status, exit_code, error, log),
+            ExecutorInput::JobLog { lease, bytes } => self.on_job_log(now, lease, bytes),
+            ExecutorInput::Drain => self.draining = true,
+            ExecutorInput::Tick => {}
+        }
+        self.snapshot_if_availability_changed();
+    }
+
+    /// The next thing the driver must do, in order.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<ExecutorOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// When to call `handle(now, Tick)` next.
+    pub fn next_deadline(&self) -> Option<Time> {
+        [
+            self.seats.next_expiry(),
+            self.fence_deadline(),
+            self.link_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// This executor's name.
+    pub fn node_id(&self) -> &NodeId {
+        &self.config.node_id
+    }
+
+    /// The id of its durable store (E1).
+    pub fn epoch(&self) -> Epoch {
+        self.durable.epoch
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.config
+    }
+
+    /// What the executor holds as durable (everything persisted so far, applied).
+    pub fn durable(&self) -> &ExecutorSnapshot {
+        &self.durable
+    }
+
+    /// Leases holding a seat but not committed.
+    pub fn reserved_leases(&self) -> impl Iterator<Item = LeaseId> + '_ {
+        self.seats.reserved.keys().copied()
+    }
+
+    /// Leases whose job is running (committed and not yet reported ended).
+    pub fn running_leases(&self) -> impl Iterator<Item = LeaseId> + '_ {
+        self.seats.running.keys().copied()
+    }
+
+    /// Whether a session with the mill is established (welcomed).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.link, Link::Ready(_))
+    }
+
+    /// Draining and nothing left: no seats held and every event acked.
+    pub fn is_drained(&self) -> bool {
+        self.draining
+            && self.seats.reserved.is_empty()
+            && self.seats.running.is_empty()
+            && self.durable.outbox.is_empty()
+    }
+
+    fn emit(&mut self, output: ExecutorOutput) {
+        self.outputs.push_back(output);
+    }
+
+    /// Applies `writes` to the durable copy and asks the driver to persist them; every
+    /// output emitted after this one depends on them being durable.
+    fn persist(&mut self, writes: Vec<ExecutorWrite>) {
+        if writes.is_empty() {
+            return;
+        }
+        let batch = ExecutorBatch { writes };
+        self.durable.apply(&batch);
+        self.emit(ExecutorOutput::Persist(batch));
+    }
+
+    /// Everything time-driven, at `now`: reservation ttl (E3), self-fencing (E12), and the
+    /// connection's timers (E10, E11, silence).
+    fn run_timers(&mut self, now: Time) {
+        self.seats.expire(now);
+        if self.fence_deadline().is_some_and(|d| now >= d) {
+            self.fence();
+        }
+        self.run_link_timers(now);
+    }
+
+    /// Why new seats are refused right now, if they are.
+    fn closed_reason(&self) -> Option<String> {
+        if self.draining {
+            return Some("draining: the executor is shutting down".to_string());
+        }
+        let owed = self.seats.events_owed();
+        let held = self.durable.outbox.len();
+        if held.saturating_add(owed).saturating_add(2) > self.config.outbox_capacity {
+            return Some(format!(
+                "outbox full: {held} unacked events and {owed} owed to seats in use, bound {}",
+                self.config.outbox_capacity
+            ));
+        }
+        None
+    }
+}

@@ -1,0 +1,262 @@
+//! What happens to a lease: the mill's ReserveSeat / CommitLease / ReleaseLease /
+//! CancelAttempt (E2, E4, E7, E8), the engine's reports, and self-fencing (E12).
+//!
+//! Commands are idempotent by lease id (as in reference 004): a repeat with the same content
+//! gets the same answer and no second effect; a repeat that conflicts is turned down.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::job::{JobSpec, LogRef, TerminalStatus};
+use crate::types::{ConnId, JobId, LeaseId, Resources, Time};
+use crate::wire::{EventKind, RejectKind, ToMill};
+
+use super::outbox::bounded_error;
+use super::seats::{admit, Refusal, Reservation, RunningJob, StopReason};
+use super::{Executor, ExecutorOutput, ExecutorWrite, StoredJob, LOST_CONTACT};
+
+fn accepted(lease: LeaseId, resources: Resources) -> ToMill {
+    ToMill::ReserveResult {
+        lease,
+        accepted: true,
+        reject: None,
+        reason: String::new(),
+        resources,
+    }
+}
+
+fn rejected(lease: LeaseId, kind: RejectKind, reason: String) -> ToMill {
+    ToMill::ReserveResult {
+        lease,
+        accepted: false,
+        reject: Some(kind),
+        reason: bounded_error(reason),
+        resources: Resources::new(),
+    }
+}
+
+impl Executor {
+    /// E2/E3: hold a seat if one is free and the job can run here.
+    pub(super) fn on_reserve(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        lease: LeaseId,
+        job: JobId,
+        spec: JobSpec,
+        ttl: Duration,
+    ) {
+        if let Some(held) = self.seats.reserved.get(&lease) {
+            let answer = if held.job == job && held.spec == spec {
+                accepted(lease, held.charged.clone())
+            } else {
+                let reason = format!("lease {lease} is already reserved for job {}", held.job);
+                rejected(lease, RejectKind::Incompatible, reason)
+            };
+            return self.send(conn, answer);
+        }
+        if self.seats.running.contains_key(&lease) || self.outbox_has(lease) {
+            let reason = format!("lease {lease} is already committed here");
+            return self.send(conn, rejected(lease, RejectKind::Incompatible, reason));
+        }
+        let closed = self.closed_reason();
+        let answer = match admit(&self.config, &self.seats, &spec, closed.as_deref()) {
+            Ok(charged) => {
+                // A zero ttl is meaningless; a seat is never held past our own grace (E3).
+                let grace = self.config.reconnect_grace;
+                let ttl = if ttl.is_zero() { grace } else { ttl.min(grace) };
+                let reservation = Reservation {
+                    job,
+                    spec,
+                    charged: charged.clone(),
+                    expires: now.plus(ttl),
+                };
+                self.seats.reserved.insert(lease, reservation);
+                accepted(lease, charged)
+            }
+            Err(Refusal::Transient(reason)) => rejected(lease, RejectKind::Transient, reason),
+            Err(Refusal::Incompatible(reason)) => rejected(lease, RejectKind::Incompatible, reason),
+        };
+        self.send(conn, answer);
+    }
+
+    /// E4: a reservation starts its job, persisted first; a repeat for a job that runs or ran
+    /// (events not yet acked) is committed again with no second start; anything else is not
+    /// committed.
+    pub(super) fn on_commit(
+        &mut self,
+        conn: ConnId,
+        lease: LeaseId,
+        secrets: BTreeMap<String, String>,
+    ) {
+        let committed = if let Some(reservation) = self.seats.reserved.remove(&lease) {
+            let Reservation {
+                job, spec, charged, ..
+            } = reservation;
+            let stored = StoredJob {
+                job,
+                engine: spec.engine.clone(),
+                resources: charged.clone(),
+            };
+            self.persist(vec![ExecutorWrite::JobCommitted { lease, job: stored }]);
+            let running = RunningJob {
+                engine: spec.engine.clone(),
+                charged,
+                started: false,
+                stop: None,
+                log_dropped: 0,
+            };
+            self.seats.running.insert(lease, running);
+            self.emit(ExecutorOutput::StartJob {
+                lease,
+                job,
+                spec,
+                secrets,
+            });
+            true
+        } else {
+            self.seats.running.contains_key(&lease) || self.outbox_has(lease)
+        };
+        self.send(conn, ToMill::CommitResult { lease, committed });
+    }
+
+    /// E8: drop a reservation; a running job is left alone (only a cancel stops it).
+    pub(super) fn on_release(&mut self, lease: LeaseId) {
+        self.seats.reserved.remove(&lease);
+    }
+
+    /// E7: ack at once; drop a reservation; stop a running job, whose terminal will be
+    /// Cancelled when the engine reports it stopped.
+    pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
+        self.seats.reserved.remove(&lease);
+        let stop = match self.seats.running.get_mut(&lease) {
+            Some(job) if job.stop.is_none() => {
+                job.stop = Some(StopReason::Cancel(bounded_error(reason)));
+                true
+            }
+            Some(_) | None => false,
+        };
+        if stop {
+            let grace = self.config.stop_grace;
+            self.emit(ExecutorOutput::StopJob { lease, grace });
+        }
+        self.send(conn, ToMill::CancelAck { lease });
+    }
+
+    /// E5: the engine started the job: Running goes to the outbox, then to the mill.
+    pub(super) fn on_job_started(&mut self, lease: LeaseId) {
+        match self.seats.running.get_mut(&lease) {
+            Some(job) if !job.started => job.started = true,
+            Some(_) | None => return,
+        }
+        let write = self.next_event(0, lease, EventKind::Running);
+        self.persist(vec![write]);
+        self.flush_outbox();
+    }
+
+    /// E5/E7/E12: the job ended. A stop we asked for decides the status; the engine's exit
+    /// code and log are kept. The terminal and the job's removal are one batch.
+    pub(super) fn on_job_exited(
+        &mut self,
+        lease: LeaseId,
+        status: TerminalStatus,
+        exit_code: Option<i32>,
+        error: Option<String>,
+        log: Option<LogRef>,
+    ) {
+        let Some(job) = self.seats.running.remove(&lease) else {
+            return;
+        };
+        let (status, error) = match job.stop {
+            Some(StopReason::Cancel(reason)) => (TerminalStatus::Cancelled, Some(reason)),
+            Some(StopReason::Fence) => (TerminalStatus::Failed, Some(LOST_CONTACT.to_string())),
+            None => (status, error.map(bounded_error)),
+        };
+        // A log reference the mill would call a violation (M25) is left out.
+        let log = log.filter(|l| l.is_valid_for(lease));
+        let kind = EventKind::Terminal {
+            status,
+            exit_code,
+            error,
+            log,
+        };
+        let append = self.next_event(0, lease, kind);
+        self.persist(vec![append, ExecutorWrite::JobEnded { lease }]);
+        self.flush_outbox();
+    }
+
+    /// Best-effort live log: forwarded in chunks while a session is up, within a byte budget
+    /// per snapshot interval. Dropped bytes are counted and announced in the next chunk, so
+    /// a reader sees the gap instead of a made-up continuity.
+    pub(super) fn on_job_log(&mut self, now: Time, lease: LeaseId, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let conn = self.ready_conn();
+        let budget = self.config.live_log_budget;
+        if now >= self.live_log.start.plus(self.config.snapshot_interval) {
+            self.live_log.start = now;
+            self.live_log.used = 0;
+        }
+        let Some(job) = self.seats.running.get_mut(&lease) else {
+            return;
+        };
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        let Some(conn) = conn else {
+            job.log_dropped = job.log_dropped.saturating_add(len);
+            return;
+        };
+        let mut payload = if job.log_dropped > 0 {
+            format!(
+                "\n[millrace: {} bytes of live log dropped]\n",
+                job.log_dropped
+            )
+            .into_bytes()
+        } else {
+            Vec::new()
+        };
+        let room = budget.saturating_sub(self.live_log.used);
+        if payload.len() >= room {
+            job.log_dropped = job.log_dropped.saturating_add(len);
+            return;
+        }
+        let take = bytes.len().min(room - payload.len());
+        let dropped = u64::try_from(bytes.len() - take).unwrap_or(u64::MAX);
+        payload.extend_from_slice(&bytes[..take]);
+        job.log_dropped = dropped;
+        self.live_log.used += payload.len();
+        let chunks: Vec<Vec<u8>> = payload
+            .chunks(self.config.live_log_chunk.max(1))
+            .map(<[u8]>::to_vec)
+            .collect();
+        for bytes in chunks {
+            self.send(conn, ToMill::LiveLog { lease, bytes });
+        }
+    }
+
+    /// E12: when self-fencing is due, if any job would be stopped by it.
+    pub(super) fn fence_deadline(&self) -> Option<Time> {
+        self.seats
+            .running
+            .values()
+            .any(|j| j.stop.is_none())
+            .then(|| self.last_heard.plus(self.config.reconnect_grace))
+    }
+
+    /// E12: nothing heard for `reconnect_grace`: stop every running job (terminal Failed
+    /// "executor lost contact with the mill") and let go of every reservation.
+    pub(super) fn fence(&mut self) {
+        let mut stopping = Vec::new();
+        for (lease, job) in &mut self.seats.running {
+            if job.stop.is_none() {
+                job.stop = Some(StopReason::Fence);
+                stopping.push(*lease);
+            }
+        }
+        self.seats.reserved.clear();
+        let grace = self.config.stop_grace;
+        for lease in stopping {
+            self.emit(ExecutorOutput::StopJob { lease, grace });
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! What an executor keeps on disk, and the typed writes that change it.
+//!
+//! The executor mutates its durable state only by emitting `Persist(batch)` and applying the
+//! same batch to its own copy, so a store that applies every persisted batch in order holds
+//! exactly what the executor believes is durable — that is what a restart loads (E1, E5, E9).
+//! Nothing here holds a `Time` (DESIGN §2) or a secret (secrets never touch the disk).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
+use crate::wire::Event;
+
+/// A committed job, as much as a restart needs to report its end (E9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredJob {
+    /// The job.
+    pub job: JobId,
+    /// The engine that runs it.
+    pub engine: String,
+    /// What its seat charges.
+    pub resources: Resources,
+}
+
+/// The executor's durable store, as loaded at start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorSnapshot {
+    /// The store's id, made when it was created (E1).
+    pub epoch: Epoch,
+    /// The seqno the next event gets; the first event of an epoch is 1.
+    pub next_seqno: Seqno,
+    /// Unacked events, in seqno order, contiguous, each below `next_seqno` (E5).
+    pub outbox: VecDeque<Event>,
+    /// Jobs committed and not yet ended, by lease.
+    pub jobs: BTreeMap<LeaseId, StoredJob>,
+}
+
+/// One durable change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecutorWrite {
+    /// Append an event to the outbox; its seqno is the store's `next_seqno`.
+    Append(Event),
+    /// Drop outbox events with seqno ≤ `up_to` (acked by the mill).
+    Trim {
+        /// Highest seqno dropped.
+        up_to: Seqno,
+    },
+    /// A lease was committed; the job is (about to be) running.
+    JobCommitted {
+        /// The lease.
+        lease: LeaseId,
+        /// The job.
+        job: StoredJob,
+    },
+    /// The job under `lease` ended (its terminal is appended in the same batch).
+    JobEnded {
+        /// The lease.
+        lease: LeaseId,
+    },
+}
+
+/// Writes the driver applies atomically, before acting on any later output.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExecutorBatch {
+    /// In order.
+    pub writes: Vec<ExecutorWrite>,
+}
+
+/// Why a loaded store was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// `next_seqno` is 0; seqnos start at 1.
+    #[error("next_seqno: 0; seqnos start at 1")]
+    ZeroNextSeqno,
+    /// An outbox event is out of order or at/after `next_seqno`.
+    #[error("outbox: event {seqno} follows {previous} (next_seqno {next}); events must be contiguous and below next_seqno")]
+    OutboxOrder {
+        /// The offending seqno.
+        seqno: Seqno,
+        /// The seqno before it (or 0).
+        previous: Seqno,
+        /// The store's `next_seqno`.
+        next: Seqno,
+    },
+}
+
+impl ExecutorSnapshot {
+    /// A new, empty store with the epoch the driver picked (E1: a wiped store is a new epoch).
+    pub fn fresh(epoch: Epoch) -> Self {
+        ExecutorSnapshot {
+            epoch,
+            next_seqno: Seqno(1),
+            outbox: VecDeque::new(),
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    /// Applies a persisted batch, exactly as the executor did.
+    pub fn apply(&mut self, batch: &ExecutorBatch) {
+        for write in &batch.writes {
+            match write {
+                ExecutorWrite::Append(event) => {
+                    self.next_seqno = self.next_seqno.max(event.seqno.next());
+                    self.outbox.push_back(event.clone());
+                }
+                ExecutorWrite::Trim { up_to } => {
+                    while self.outbox.front().is_some_and(|e| e.seqno <= *up_to) {
+                        self.outbox.pop_front();
+                    }
+                }
+                ExecutorWrite::JobCommitted { lease, job } => {
+                    self.jobs.insert(*lease, job.clone());
+                }
+                ExecutorWrite::JobEnded { lease } => {
+                    self.jobs.remove(lease);
+                }
+            }
+        }
+    }
+
+    /// Checks that the outbox is contiguous and below `next_seqno`.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if self.next_seqno == Seqno(0) {
+            return Err(StoreError::ZeroNextSeqno);
+        }
+        let mut previous: Option<Seqno> = None;
+        for event in &self.outbox {
+            let in_order = previous.is_none_or(|p| event.seqno == p.next());
+            if !in_order || event.seqno >= self.next_seqno || event.seqno == Seqno(0) {
+                return Err(StoreError::OutboxOrder {
+                    seqno: event.seqno,
+                    previous: previous.unwrap_or_default(),
+                    next: self.next_seqno,
+                });
+            }
+            previous = Some(event.seqno);
+        }
+        Ok(())
+    }
+
+    /// The last seqno appended in this epoch (0 if none).
+    pub fn last_seqno(&self) -> Seqno {
+        Seqno(self.next_seqno.get().saturating_sub(1))
+    }
+
+    /// The highest seqno the mill has acked as far as this store knows: everything before the
+    /// first unacked event (or everything appended, when the outbox is empty).
+    pub fn acked_up_to(&self) -> Seqno {
+        match self.outbox.front() {
+            Some(e) => Seqno(e.seqno.get().saturating_sub(1)),
+            None => self.last_seqno(),
+        }
+    }
+}
