@@ -13,6 +13,7 @@
 pub mod codec;
 pub mod executor;
 pub mod job;
+pub mod mill;
 pub mod quota;
 pub mod types;
 pub mod wire;

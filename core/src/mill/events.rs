@@ -1,0 +1,171 @@
+//! Sequenced event batches, applied exactly once (M19–M25).
+
+use std::collections::BTreeSet;
+
+use super::{LeaseState, Mill, MillWrite};
+use crate::job::{Terminal, TerminalStatus};
+use crate::types::{Epoch, LeaseId, NodeId, Seqno};
+use crate::wire::{self, Event, EventKind, ToExecutor};
+
+impl Mill {
+    /// Checks the whole batch first (M19, M20, M22, M25): a bad batch is a violation and
+    /// nothing of it is applied. Then applies the new events, persists their effects and the
+    /// cursor in one batch, and acks (M23).
+    pub(super) fn on_event_batch(&mut self, node: &NodeId, epoch: Epoch, events: Vec<Event>) {
+        let Some(s) = self.sessions.get(node) else {
+            return;
+        };
+        let Some(conn) = s.conn else {
+            return;
+        };
+        if epoch != s.epoch {
+            let what = format!(
+                "event batch for epoch {epoch} on a session of epoch {}",
+                s.epoch
+            );
+            return self.violation(node, &what);
+        }
+        if events.len() > wire::MAX_BATCH_EVENTS {
+            let what = format!(
+                "event batch of {} events (at most {})",
+                events.len(),
+                wire::MAX_BATCH_EVENTS
+            );
+            return self.violation(node, &what);
+        }
+        let cursor = self.cursor(node, epoch);
+        if let Err(what) = check_batch(cursor, &events, &s.terminated) {
+            return self.violation(node, &what);
+        }
+        let mut up_to = cursor;
+        let mut applied_any = false;
+        for event in events {
+            if event.seqno <= cursor {
+                continue; // M20: a replay, dropped
+            }
+            up_to = event.seqno;
+            applied_any = true;
+            self.apply_event(node, epoch, event);
+        }
+        if up_to > cursor {
+            self.cursors.insert((node.clone(), epoch), up_to);
+            self.persist(MillWrite::Cursor {
+                node: node.clone(),
+                epoch,
+                seqno: up_to,
+            });
+        }
+        if applied_any {
+            self.extend_grace(node);
+        }
+        // M20, M23: acked after the persist, replays included.
+        self.send(conn, ToExecutor::Ack { epoch, up_to });
+    }
+
+    /// Applies one new event (M21, M24).
+    fn apply_event(&mut self, node: &NodeId, epoch: Epoch, event: Event) {
+        let held = self
+            .leases
+            .get(&event.lease)
+            .is_some_and(|l| &l.node == node && l.epoch == epoch);
+        let bound = self.config.terminal_memory;
+        if let EventKind::Terminal { .. } = &event.kind {
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.remember_terminal(event.lease, bound);
+            }
+        }
+        if !held {
+            return; // M21: not this node's (or already done): skipped, cursor advances
+        }
+        match event.kind {
+            EventKind::Running => {
+                if self
+                    .leases
+                    .get(&event.lease)
+                    .is_some_and(|l| l.state == LeaseState::Reserved)
+                {
+                    self.mark_running(event.lease);
+                }
+            }
+            EventKind::Terminal {
+                status,
+                exit_code,
+                error,
+                log,
+            } => {
+                // A job stopped for its timeout reports Cancelled; it ended by Timeout (M18).
+                let status = match self
+                    .leases
+                    .get(&event.lease)
+                    .and_then(|l| l.cancel.as_ref())
+                {
+                    Some(c) if status == TerminalStatus::Cancelled => c.status,
+                    _ => status,
+                };
+                let t = Terminal {
+                    status,
+                    exit_code,
+                    error,
+                    log,
+                    node: Some(node.clone()),
+                    lease: Some(event.lease),
+                };
+                self.end_lease(event.lease, Some(t));
+            }
+        }
+    }
+}
+
+/// M20, M22, M25 and the text bounds, for a batch with `cursor` already applied.
+fn check_batch(
+    cursor: Seqno,
+    events: &[Event],
+    terminated: &BTreeSet<LeaseId>,
+) -> Result<(), String> {
+    let mut prev: Option<Seqno> = None;
+    let mut expected = cursor.next();
+    let mut ended_here: BTreeSet<LeaseId> = BTreeSet::new();
+    for e in events {
+        if prev.is_some_and(|p| e.seqno <= p) {
+            return Err(format!(
+                "event seqnos must increase within a batch: {} after {:?}",
+                e.seqno, prev
+            ));
+        }
+        prev = Some(e.seqno);
+        if e.seqno <= cursor {
+            continue;
+        }
+        if e.seqno != expected {
+            return Err(format!(
+                "seqno gap: expected {expected}, got {} (M20)",
+                e.seqno
+            ));
+        }
+        expected = expected.next();
+        if terminated.contains(&e.lease) || ended_here.contains(&e.lease) {
+            return Err(format!(
+                "event {} for lease {} after its terminal (M22)",
+                e.seqno, e.lease
+            ));
+        }
+        if let EventKind::Terminal { error, log, .. } = &e.kind {
+            if error.as_ref().is_some_and(|t| t.len() > wire::MAX_REASON) {
+                return Err(format!("event {}: error text over 4096 bytes", e.seqno));
+            }
+            if let Some(log) = log {
+                if !log.is_valid_for(e.lease) {
+                    return Err(format!(
+                        "event {}: log reference {:?} / {:?} must be logs/{}.log with a sha256 (M25)",
+                        e.seqno,
+                        crate::types::bounded_reason(log.path.clone(), 256),
+                        crate::types::bounded_reason(log.hash.clone(), 80),
+                        e.lease.get()
+                    ));
+                }
+            }
+            ended_here.insert(e.lease);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,735 @@
+//! The mill: a sans-IO state machine that accepts jobs, places them on executors by bidding,
+//! and applies their events exactly once (DESIGN §4, M1–M30).
+//!
+//! One `Mill` value holds all coordinator state. Drivers feed it [`MillInput`]s with
+//! [`Mill::handle`], drain [`MillOutput`]s with [`Mill::poll_output`] and call `handle(now,
+//! Tick)` at or after [`Mill::next_deadline`]. Every `Persist` output must be durable before
+//! the driver acts on any output after it; within one `handle` call the mill emits at most one
+//! `Persist`, and every message or client update of that call follows it.
+//!
+//! The logic is split by concern: `session` (hello, silence, grace, reconcile, violations),
+//! `placement` (ranking, bids, quota admission, publish and commit), `events` (sequenced event
+//! batches), `cancel` (cancels and timeouts), `restart` (restore from a snapshot).
+
+mod cancel;
+mod config;
+mod events;
+mod placement;
+mod restart;
+mod session;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+pub use config::{ConfigError, MillConfig};
+pub use placement::{RankIndex, RankKey};
+pub use store::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+
+use crate::job::{JobSpec, JobState, SpecError, Terminal};
+use crate::quota::QuotaLedger;
+use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
+use crate::wire::{ToExecutor, ToMill};
+
+/// Lease ids are reserved durably in blocks of this many, so that a lease id is persisted
+/// before it is sent without a write per bid (M30).
+const LEASE_BLOCK: u64 = 1024;
+
+/// Longest reason the mill puts on the wire or in a terminal.
+const MAX_REASON: usize = crate::wire::MAX_REASON;
+
+/// Something that happened to the mill, from outside.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum MillInput {
+    /// An executor connection was accepted.
+    Connected {
+        /// The driver's id for it.
+        conn: ConnId,
+    },
+    /// A decoded message arrived on a connection.
+    Message {
+        /// The connection.
+        conn: ConnId,
+        /// The message.
+        msg: ToMill,
+    },
+    /// A connection closed (by the peer, the network, or after a `Close` output).
+    Disconnected {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A client submits a job.
+    Submit {
+        /// The job.
+        spec: JobSpec,
+        /// Wall-clock time for people (ms since the Unix epoch); never used for deadlines.
+        submitted_at_ms: u64,
+    },
+    /// A client cancels a job.
+    Cancel {
+        /// The job.
+        job: JobId,
+        /// Why, for the record.
+        reason: String,
+    },
+    /// An operator lifts a node's quarantine (M28).
+    LiftQuarantine {
+        /// The node.
+        node: NodeId,
+    },
+    /// Time passed; deadlines at or before `now` fire.
+    Tick,
+}
+
+/// The answer to an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Handled; effects are in the outputs.
+    Done,
+    /// The job was accepted under this id.
+    Submitted(JobId),
+}
+
+/// A client request the mill refused; nothing was stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The job spec is invalid; the error names the field.
+    #[error("invalid job: {0}")]
+    Spec(#[from] SpecError),
+    /// Too many jobs wait for placement (M10).
+    #[error("too many pending jobs: {pending} waiting, at most {max}")]
+    TooManyPending {
+        /// Jobs waiting now.
+        pending: usize,
+        /// `max_pending`.
+        max: usize,
+    },
+    /// The job is unknown or has already ended.
+    #[error("job {job} is not active (unknown or already ended)")]
+    JobNotActive {
+        /// The job.
+        job: JobId,
+    },
+    /// The node is not quarantined.
+    #[error("node {node} is not quarantined")]
+    NotQuarantined {
+        /// The node.
+        node: NodeId,
+    },
+}
+
+/// What the mill asks its driver to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum MillOutput {
+    /// Send a message on a connection.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// The message.
+        msg: ToExecutor,
+    },
+    /// Close a connection (after sending what was queued before this output).
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// Why, for the logs.
+        reason: String,
+    },
+    /// Make these writes durable, atomically, before acting on any later output.
+    Persist(MillBatch),
+    /// A job changed state; tell whoever watches it.
+    JobUpdate {
+        /// The job.
+        job: JobId,
+        /// Its new state.
+        state: JobState,
+    },
+    /// Best-effort log bytes from the executor running a job.
+    LiveLog {
+        /// The job.
+        job: JobId,
+        /// The lease it runs under.
+        lease: LeaseId,
+        /// Raw bytes.
+        bytes: Vec<u8>,
+    },
+    /// Something worth counting or logging (metrics, simulator coverage). No action needed.
+    Observed(Observation),
+}
+
+/// Facts for metrics, logs and the simulator's coverage counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Observation {
+    /// A job won a bid and its lease was published.
+    Placed {
+        /// The job.
+        job: JobId,
+        /// The lease.
+        lease: LeaseId,
+        /// The executor.
+        node: NodeId,
+        /// From queued (submit, requeue or restart) to published.
+        latency: Duration,
+    },
+    /// A session was closed for a protocol violation (M28).
+    Violation {
+        /// The executor.
+        node: NodeId,
+        /// What it did.
+        reason: String,
+    },
+    /// A node was quarantined (M28).
+    Quarantined {
+        /// The executor.
+        node: NodeId,
+    },
+    /// A Hello was refused (M1, M2).
+    Refused {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: String,
+    },
+    /// A rarely taken path was taken.
+    Rare(RarePath),
+}
+
+/// Rare paths the simulator must reach (issue 4, item 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum RarePath {
+    /// Grace expired while a cancel was pending for one of the node's leases (M5).
+    GraceExpiredWithPendingCancel,
+    /// A commit was re-sent (M17).
+    CommitResent,
+    /// The mill restarted holding running leases (M29).
+    RestartWithRunningLeases,
+    /// A re-bid after a quota wait charged different resources (M15).
+    QuotaRebidChangedResources,
+    /// A job waited for quota (M15).
+    QuotaWait,
+    /// An untracked cancel was sent for a lease the mill does not know (M8).
+    UntrackedCancel,
+    /// A cancel's teardown deadline passed (M26).
+    TeardownDeadline,
+    /// A reconciling snapshot failed a lease the executor no longer has (M8).
+    ReconcileFailedLease,
+    /// A lease of an older epoch failed at grace expiry after its node came back wiped.
+    OldEpochLeaseFailed,
+}
+
+/// One decision a `Tick` may take, keyed in the timer wheel. Every timer is checked against
+/// the state when it fires, so a stale one does nothing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Handshake(ConnId),
+    Silence(NodeId),
+    Grace(NodeId),
+    Ask(LeaseId),
+    Stray(LeaseId),
+    Commit(LeaseId),
+    CancelAck(NodeId, LeaseId),
+    Teardown(LeaseId),
+    JobTimeout(JobId),
+}
+
+/// A connection the driver reported.
+#[derive(Debug)]
+struct Conn {
+    node: Option<NodeId>,
+}
+
+/// A cancel in progress for a lease (M26).
+#[derive(Debug, Clone)]
+struct LeaseCancel {
+    reason: String,
+    /// `Cancelled` for a user cancel, `Timeout` for M18.
+    status: crate::job::TerminalStatus,
+    phase: CancelPhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CancelPhase {
+    /// Not sent: the node is not ready.
+    Waiting,
+    /// Sent; the ack is due by the session's pending-cancel deadline.
+    Sent,
+    /// Acked; a terminal is due by this deadline.
+    Acked { teardown: Time },
+}
+
+/// A lease the mill holds (M16, M17).
+#[derive(Debug)]
+struct Lease {
+    job: JobId,
+    node: NodeId,
+    epoch: Epoch,
+    resources: Resources,
+    state: LeaseState,
+    /// For a reserved lease: the connection the commit went on, and when to re-send it.
+    commit_sent: Option<(ConnId, Time)>,
+    cancel: Option<LeaseCancel>,
+}
+
+/// Where a job that has not ended stands.
+#[derive(Debug)]
+enum Phase {
+    Queued,
+    Bidding(placement::BidRound),
+    QuotaWait { charge: Resources },
+    Leased(LeaseId),
+}
+
+#[derive(Debug)]
+struct Job {
+    spec: JobSpec,
+    /// When it last entered the queue, for placement latency.
+    queued_at: Time,
+    /// When it times out (M18).
+    deadline: Time,
+    phase: Phase,
+    /// After a quota wait: the charge already held for the re-bid (M15).
+    quota_held: Option<Resources>,
+    /// Whether anything other than `Queued` was persisted for it.
+    persisted_beyond_queued: bool,
+    /// Its last bid found nobody; it waits until the fleet changes (never polls, M13).
+    waits_for_change: Option<u64>,
+}
+
+/// The mill. See the module docs.
+#[derive(Debug)]
+pub struct Mill {
+    config: MillConfig,
+    now: Time,
+
+    conns: BTreeMap<ConnId, Conn>,
+    sessions: BTreeMap<NodeId, session::Session>,
+    strikes: BTreeMap<NodeId, u32>,
+    quarantined: BTreeSet<NodeId>,
+    cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+
+    jobs: BTreeMap<JobId, Job>,
+    queue: BTreeSet<JobId>,
+    leases: BTreeMap<LeaseId, Lease>,
+    node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
+    /// Ask lease id → job, for asks of live bid rounds.
+    asks: BTreeMap<LeaseId, JobId>,
+    /// Asks whose round is over: an acceptance is released at once (M12).
+    strays: BTreeMap<LeaseId, (NodeId, String)>,
+    rank: RankIndex,
+    quota: QuotaLedger,
+
+    next_job: JobId,
+    next_lease: LeaseId,
+    lease_floor: LeaseId,
+
+    timers: BTreeSet<(Time, Timer)>,
+    placement_dirty: bool,
+    /// Bumped on every change that may let a waiting job be placed (M13).
+    change_seq: u64,
+    writes: Vec<MillWrite>,
+    deferred: Vec<MillOutput>,
+    out: VecDeque<MillOutput>,
+}
+
+impl Mill {
+    /// A mill with `config`, restored from `restored` if the driver loaded a store (M29).
+    pub fn new(
+        config: MillConfig,
+        restored: Option<MillSnapshot>,
+        now: Time,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let quota = QuotaLedger::new(config.quota.clone());
+        let mut mill = Mill {
+            config,
+            now,
+            conns: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            strikes: BTreeMap::new(),
+            quarantined: BTreeSet::new(),
+            cursors: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            queue: BTreeSet::new(),
+            leases: BTreeMap::new(),
+            node_leases: BTreeMap::new(),
+            asks: BTreeMap::new(),
+            strays: BTreeMap::new(),
+            rank: RankIndex::default(),
+            quota,
+            next_job: JobId(1),
+            next_lease: LeaseId(1),
+            lease_floor: LeaseId(1),
+            timers: BTreeSet::new(),
+            placement_dirty: false,
+            change_seq: 0,
+            writes: Vec::new(),
+            deferred: Vec::new(),
+            out: VecDeque::new(),
+        };
+        if let Some(snapshot) = restored {
+            mill.restore(snapshot);
+        }
+        mill.finish_step();
+        Ok(mill)
+    }
+
+    /// Feeds one input. Client requests get a typed refusal; network input never fails here
+    /// (bad input becomes a violation output instead).
+    pub fn handle(&mut self, now: Time, input: MillInput) -> Result<Reply, RequestError> {
+        self.now = self.now.max(now);
+        let reply = match input {
+            MillInput::Connected { conn } => {
+                self.on_connected(conn);
+                Ok(Reply::Done)
+            }
+            MillInput::Message { conn, msg } => {
+                self.on_message(conn, msg);
+                Ok(Reply::Done)
+            }
+            MillInput::Disconnected { conn } => {
+                self.on_disconnected(conn);
+                Ok(Reply::Done)
+            }
+            MillInput::Submit {
+                spec,
+                submitted_at_ms,
+            } => self.submit(spec, submitted_at_ms).map(Reply::Submitted),
+            MillInput::Cancel { job, reason } => self.cancel(job, reason).map(|()| Reply::Done),
+            MillInput::LiftQuarantine { node } => self.lift_quarantine(node).map(|()| Reply::Done),
+            MillInput::Tick => {
+                self.on_tick();
+                Ok(Reply::Done)
+            }
+        };
+        self.finish_step();
+        reply
+    }
+
+    /// The next output, in order. Drain until `None` after every `handle`.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<MillOutput> {
+        self.out.pop_front()
+    }
+
+    /// When to call `handle(now, Tick)` next, if anything is scheduled.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.timers.first().map(|(t, _)| *t)
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> &MillConfig {
+        &self.config
+    }
+
+    /// A job's state, if it has not ended.
+    pub fn job_state(&self, job: JobId) -> Option<JobState> {
+        let j = self.jobs.get(&job)?;
+        Some(match &j.phase {
+            Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } => JobState::Queued,
+            Phase::Leased(lease) => {
+                let l = self.leases.get(lease)?;
+                match l.state {
+                    LeaseState::Reserved => JobState::Reserved {
+                        lease: *lease,
+                        node: l.node.clone(),
+                    },
+                    LeaseState::Running => JobState::Running {
+                        lease: *lease,
+                        node: l.node.clone(),
+                    },
+                }
+            }
+        })
+    }
+
+    /// Jobs waiting for placement (queued, bidding or waiting for quota) (M10).
+    pub fn pending(&self) -> usize {
+        self.jobs.len() - self.leases.len()
+    }
+
+    /// Read-only view of every lease: (lease, job, node, epoch, state, charge).
+    pub fn leases(
+        &self,
+    ) -> impl Iterator<Item = (LeaseId, JobId, &NodeId, Epoch, LeaseState, &Resources)> + '_ {
+        self.leases
+            .iter()
+            .map(|(id, l)| (*id, l.job, &l.node, l.epoch, l.state, &l.resources))
+    }
+
+    /// The quota ledger, read-only (I5).
+    pub fn quota(&self) -> &QuotaLedger {
+        &self.quota
+    }
+
+    /// Quarantined nodes (I8).
+    pub fn quarantined(&self) -> &BTreeSet<NodeId> {
+        &self.quarantined
+    }
+
+    /// The applied cursor of (node, epoch) (I4).
+    pub fn cursor(&self, node: &NodeId, epoch: Epoch) -> Seqno {
+        self.cursors
+            .get(&(node.clone(), epoch))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Nodes with a session (connected or in grace), with whether each is connected.
+    pub fn sessions(&self) -> impl Iterator<Item = (&NodeId, bool)> + '_ {
+        self.sessions.iter().map(|(n, s)| (n, s.conn.is_some()))
+    }
+
+    // ---- the output discipline --------------------------------------------------------------
+
+    /// Records a durable write for this step.
+    fn persist(&mut self, write: MillWrite) {
+        self.writes.push(write);
+    }
+
+    /// Queues an output that must follow this step's writes.
+    fn emit(&mut self, output: MillOutput) {
+        self.deferred.push(output);
+    }
+
+    fn send(&mut self, conn: ConnId, msg: ToExecutor) {
+        self.emit(MillOutput::Send { conn, msg });
+    }
+
+    fn observe(&mut self, o: Observation) {
+        self.emit(MillOutput::Observed(o));
+    }
+
+    fn arm(&mut self, at: Time, timer: Timer) {
+        self.timers.insert((at, timer));
+    }
+
+    /// Ends a step: runs placement if anything changed, then emits one `Persist` with every
+    /// write of the step followed by everything that depends on it (persist before send).
+    fn finish_step(&mut self) {
+        if self.placement_dirty {
+            self.placement_dirty = false;
+            self.place_pending();
+        }
+        if !self.writes.is_empty() {
+            let writes = std::mem::take(&mut self.writes);
+            self.out
+                .push_back(MillOutput::Persist(MillBatch { writes }));
+        }
+        self.out.extend(self.deferred.drain(..));
+    }
+
+    fn wake_placement(&mut self) {
+        self.placement_dirty = true;
+        self.change_seq += 1;
+    }
+
+    fn on_tick(&mut self) {
+        while let Some((at, _)) = self.timers.first() {
+            if *at > self.now {
+                break;
+            }
+            let Some((at, timer)) = self.timers.pop_first() else {
+                break;
+            };
+            self.fire(at, timer);
+        }
+    }
+
+    fn fire(&mut self, at: Time, timer: Timer) {
+        match timer {
+            Timer::Handshake(conn) => self.handshake_expired(conn),
+            Timer::Silence(node) => self.silence_check(node),
+            Timer::Grace(node) => self.grace_check(node, at),
+            Timer::Ask(lease) => self.ask_expired(lease, at),
+            Timer::Stray(lease) => self.stray_expired(lease),
+            Timer::Commit(lease) => self.commit_check(lease, at),
+            Timer::CancelAck(node, lease) => self.cancel_ack_expired(node, lease, at),
+            Timer::Teardown(lease) => self.teardown_expired(lease, at),
+            Timer::JobTimeout(job) => self.job_timed_out(job, at),
+        }
+    }
+
+    // ---- jobs ---------------------------------------------------------------------------------
+
+    fn submit(&mut self, spec: JobSpec, submitted_at_ms: u64) -> Result<JobId, RequestError> {
+        spec.validate()?;
+        let pending = self.pending();
+        if pending >= self.config.max_pending {
+            return Err(RequestError::TooManyPending {
+                pending,
+                max: self.config.max_pending,
+            });
+        }
+        let id = self.next_job;
+        self.next_job = JobId(id.0 + 1);
+        self.persist(MillWrite::Counters {
+            next_job: self.next_job,
+            lease_floor: self.lease_floor,
+        });
+        self.persist(MillWrite::JobInsert {
+            job: id,
+            record: JobRecord {
+                spec: spec.clone(),
+                submitted_at_ms,
+                state: JobState::Queued,
+            },
+        });
+        let deadline = self
+            .now
+            .plus(spec.timeout.unwrap_or(self.config.job_timeout));
+        self.arm(deadline, Timer::JobTimeout(id));
+        self.jobs.insert(
+            id,
+            Job {
+                spec,
+                queued_at: self.now,
+                deadline,
+                phase: Phase::Queued,
+                quota_held: None,
+                persisted_beyond_queued: false,
+                waits_for_change: None,
+            },
+        );
+        self.queue.insert(id);
+        self.emit(MillOutput::JobUpdate {
+            job: id,
+            state: JobState::Queued,
+        });
+        self.wake_placement();
+        Ok(id)
+    }
+
+    /// Records a job's end (I2: once, never changed) and forgets it. The job must hold no
+    /// lease; quota waits and volatile holds are dropped.
+    fn finish_job(&mut self, job: JobId, terminal: Terminal) {
+        let Some(j) = self.jobs.remove(&job) else {
+            return;
+        };
+        self.queue.remove(&job);
+        if let Phase::Bidding(round) = j.phase {
+            self.abandon_round(job, round);
+        }
+        // A quota wait or a hold granted for a re-bid is volatile; a published lease's hold
+        // is released by `end_lease`.
+        self.release_quota(job, false);
+        let state = JobState::Done(terminal);
+        self.persist(MillWrite::JobState {
+            job,
+            state: state.clone(),
+        });
+        self.emit(MillOutput::JobUpdate { job, state });
+    }
+
+    /// Puts a job back in the queue (nothing ran, or it will be placed again).
+    fn requeue(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        j.phase = Phase::Queued;
+        j.queued_at = self.now;
+        let persist = std::mem::replace(&mut j.persisted_beyond_queued, false);
+        self.queue.insert(job);
+        if persist {
+            self.persist(MillWrite::JobState {
+                job,
+                state: JobState::Queued,
+            });
+            self.emit(MillOutput::JobUpdate {
+                job,
+                state: JobState::Queued,
+            });
+        }
+        // Not a change of the fleet: only this job needs a placement pass.
+        self.placement_dirty = true;
+    }
+
+    /// Releases a job's quota (Q3, idempotent) and turns grants into re-bids (Q2, M15).
+    fn release_quota(&mut self, job: JobId, durable: bool) {
+        let held = self.quota.is_held(job);
+        let granted = self.quota.release(job);
+        if held && durable {
+            self.persist(MillWrite::QuotaRelease { job });
+        }
+        for g in granted {
+            self.quota_granted(g);
+        }
+    }
+
+    /// Ends a lease: deletes it, releases its quota, and records `terminal` for its job if
+    /// given (else the job is re-queued).
+    fn end_lease(&mut self, lease: LeaseId, terminal: Option<Terminal>) {
+        let Some(l) = self.leases.remove(&lease) else {
+            return;
+        };
+        if let Some(set) = self.node_leases.get_mut(&l.node) {
+            set.remove(&lease);
+            if set.is_empty() {
+                self.node_leases.remove(&l.node);
+            }
+        }
+        let engine = self.jobs.get(&l.job).map(|j| j.spec.engine.clone());
+        self.seat_released(&l.node, engine.as_deref());
+        self.persist(MillWrite::LeaseDelete { lease });
+        self.release_quota(l.job, true);
+        match terminal {
+            Some(t) => self.finish_job(l.job, t),
+            None => self.requeue(l.job),
+        }
+        self.wake_placement();
+    }
+
+    fn add_lease(&mut self, id: LeaseId, lease: Lease) {
+        self.node_leases
+            .entry(lease.node.clone())
+            .or_default()
+            .insert(id);
+        self.leases.insert(id, lease);
+    }
+
+    fn lease_record(&self, id: LeaseId) -> Option<LeaseRecord> {
+        let l = self.leases.get(&id)?;
+        Some(LeaseRecord {
+            lease: id,
+            job: l.job,
+            node: l.node.clone(),
+            epoch: l.epoch,
+            resources: l.resources.clone(),
+            state: l.state,
+        })
+    }
+
+    /// A fresh lease id, persisted (in blocks) before it can be sent (M30).
+    fn alloc_lease(&mut self) -> LeaseId {
+        let id = self.next_lease;
+        self.next_lease = LeaseId(id.0 + 1);
+        if self.next_lease > self.lease_floor {
+            self.lease_floor = LeaseId(id.0 + LEASE_BLOCK);
+            self.persist(MillWrite::Counters {
+                next_job: self.next_job,
+                lease_floor: self.lease_floor,
+            });
+        }
+        id
+    }
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+fn reason(s: impl Into<String>) -> String {
+    crate::types::bounded_reason(s, MAX_REASON)
+}

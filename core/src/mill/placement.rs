@@ -1,0 +1,738 @@
+//! Placement: candidate ranking (M11), bids (M12–M14), quota admission (M15), publish (M16)
+//! and commit (M17).
+//!
+//! Ranking is an index, not a scan: every ready executor with a free seat of an engine sits in
+//! that engine's ordered set under its [`RankKey`] (worst load, then load sum, then node id).
+//! The top candidates of a placement are the first entries that hold the job's labels, so a
+//! placement costs O(k log n) for unconstrained jobs however large the fleet, and allocates
+//! only the k-sized candidate list. The index is updated when a node's snapshot, readiness or
+//! seat count changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
+};
+use crate::job::{JobState, Terminal, TerminalStatus};
+use crate::quota::Acquire;
+use crate::types::{validate_resources, JobId, LeaseId, NodeId, Resources};
+use crate::wire::{RejectKind, ToExecutor};
+
+/// Where an executor ranks for one engine: lower is better. Loads are in 0..=1 and finite,
+/// so their IEEE bit patterns order like the numbers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RankKey {
+    worst: u64,
+    sum: u64,
+    node: NodeId,
+}
+
+impl RankKey {
+    /// The key of `node` reporting `load` (resource → 0..=1) for an engine.
+    pub fn new<'a>(node: NodeId, load: impl IntoIterator<Item = &'a f64>) -> Self {
+        let (mut worst, mut sum) = (0.0f64, 0.0f64);
+        for &v in load {
+            let v = if v.is_finite() {
+                v.clamp(0.0, 1.0)
+            } else {
+                1.0
+            };
+            worst = worst.max(v);
+            sum += v;
+        }
+        RankKey {
+            worst: worst.to_bits(),
+            sum: sum.to_bits(),
+            node,
+        }
+    }
+
+    /// The node this key ranks.
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Entry {
+    labels: BTreeSet<String>,
+    keys: Vec<(String, RankKey)>,
+}
+
+/// Executors that can take work now, ordered per engine (M11).
+#[derive(Debug, Default, Clone)]
+pub struct RankIndex {
+    by_engine: BTreeMap<String, BTreeSet<RankKey>>,
+    nodes: BTreeMap<NodeId, Entry>,
+}
+
+impl RankIndex {
+    /// Puts `node` in the index with `labels`, offering each `(engine, key)`; replaces what
+    /// it had.
+    pub fn upsert(
+        &mut self,
+        node: &NodeId,
+        labels: &BTreeSet<String>,
+        keys: Vec<(String, RankKey)>,
+    ) {
+        let entry = self.nodes.entry(node.clone()).or_default();
+        for (engine, key) in entry.keys.drain(..) {
+            if let Some(set) = self.by_engine.get_mut(&engine) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.by_engine.remove(&engine);
+                }
+            }
+        }
+        if &entry.labels != labels {
+            entry.labels = labels.clone();
+        }
+        for (engine, key) in &keys {
+            self.by_engine
+                .entry(engine.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        entry.keys = keys;
+        if entry.keys.is_empty() {
+            self.nodes.remove(node);
+        }
+    }
+
+    /// Takes `node` out of the index.
+    pub fn remove(&mut self, node: &NodeId) {
+        self.upsert(node, &BTreeSet::new(), Vec::new());
+    }
+
+    /// Appends to `out` up to `limit` best-ranked nodes offering `engine` and holding every
+    /// label in `labels`, best first.
+    pub fn top(
+        &self,
+        engine: &str,
+        labels: &BTreeSet<String>,
+        limit: usize,
+        out: &mut Vec<NodeId>,
+    ) {
+        let Some(set) = self.by_engine.get(engine) else {
+            return;
+        };
+        let start = out.len();
+        for key in set {
+            if out.len() - start >= limit {
+                break;
+            }
+            let fits = labels.is_empty()
+                || self
+                    .nodes
+                    .get(&key.node)
+                    .is_some_and(|e| labels.is_subset(&e.labels));
+            if fits {
+                out.push(key.node.clone());
+            }
+        }
+    }
+
+    /// Nodes in the index.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when no node can take work.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// One ask of a bid.
+#[derive(Debug)]
+struct Ask {
+    node: NodeId,
+    rank: usize,
+    deadline: crate::types::Time,
+    /// `Some(charge)` once accepted.
+    accepted: Option<Resources>,
+}
+
+/// A bid in progress for one job (M12).
+#[derive(Debug)]
+pub(super) struct BidRound {
+    candidates: Vec<NodeId>,
+    next: usize,
+    asks: BTreeMap<LeaseId, Ask>,
+    incompatible: Vec<String>,
+    soft_failure: bool,
+}
+
+impl Mill {
+    /// Recomputes `node`'s place in the rank index from its session (M11, M27, I8).
+    pub(super) fn reindex(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.get(node) else {
+            self.rank.remove(node);
+            return;
+        };
+        if !s.ready() || self.quarantined.contains(node) {
+            self.rank.remove(node);
+            return;
+        }
+        let mut keys = Vec::new();
+        if let Some((_, engines)) = &s.snapshot {
+            for (engine, status) in engines {
+                let held = s.held.get(engine).copied().unwrap_or(0);
+                if status.available && held < status.capacity {
+                    keys.push((
+                        engine.clone(),
+                        RankKey::new(node.clone(), status.load.values()),
+                    ));
+                }
+            }
+        }
+        let labels = s.labels.clone();
+        self.rank.upsert(node, &labels, keys);
+    }
+
+    fn seat_taken(&mut self, node: &NodeId, engine: &str) {
+        if let Some(s) = self.sessions.get_mut(node) {
+            *s.held.entry(engine.to_string()).or_insert(0) += 1;
+        }
+        self.reindex(node);
+    }
+
+    /// A seat the mill held on `node` is free again.
+    pub(super) fn seat_released(&mut self, node: &NodeId, engine: Option<&str>) {
+        if let (Some(s), Some(engine)) = (self.sessions.get_mut(node), engine) {
+            if let Some(n) = s.held.get_mut(engine) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    s.held.remove(engine);
+                }
+            }
+        }
+        self.reindex(node);
+    }
+
+    fn engine_of(&self, job: JobId) -> Option<String> {
+        self.jobs.get(&job).map(|j| j.spec.engine.clone())
+    }
+
+    /// Starts a bid for every queued job that has candidates, oldest first (M11, M12).
+    /// Classes of job (engine, labels) that found no candidate are not ranked again in the
+    /// same pass.
+    pub(super) fn place_pending(&mut self) {
+        if self.rank.is_empty() || self.queue.is_empty() {
+            return;
+        }
+        let queued: Vec<JobId> = self.queue.iter().copied().collect();
+        let mut exhausted: Vec<(String, BTreeSet<String>)> = Vec::new();
+        let limit = self.config.top_k + self.config.bid_fallbacks;
+        let mut candidates = Vec::new();
+        for job in queued {
+            if self.rank.is_empty() {
+                break;
+            }
+            let Some(j) = self.jobs.get(&job) else {
+                continue;
+            };
+            if j.waits_for_change == Some(self.change_seq) {
+                continue;
+            }
+            if exhausted
+                .iter()
+                .any(|(e, l)| e == &j.spec.engine && l == &j.spec.labels)
+            {
+                continue;
+            }
+            candidates.clear();
+            self.rank
+                .top(&j.spec.engine, &j.spec.labels, limit, &mut candidates);
+            if candidates.is_empty() {
+                exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
+                continue;
+            }
+            self.queue.remove(&job);
+            let round = BidRound {
+                candidates: std::mem::take(&mut candidates),
+                next: 0,
+                asks: BTreeMap::new(),
+                incompatible: Vec::new(),
+                soft_failure: false,
+            };
+            self.advance(job, round);
+        }
+    }
+
+    /// Takes a job's bid round out of its phase, for `advance`.
+    fn take_round(&mut self, job: JobId) -> Option<BidRound> {
+        let j = self.jobs.get_mut(&job)?;
+        match std::mem::replace(&mut j.phase, Phase::Queued) {
+            Phase::Bidding(round) => Some(round),
+            other => {
+                j.phase = other;
+                None
+            }
+        }
+    }
+
+    /// Moves a bid on: decide if the best acceptance can no longer be beaten, else keep
+    /// `top_k` asks in flight while candidates remain, else end the round (M12, M13).
+    fn advance(&mut self, job: JobId, mut round: BidRound) {
+        let best = round
+            .asks
+            .iter()
+            .filter(|(_, a)| a.accepted.is_some())
+            .min_by_key(|(_, a)| a.rank)
+            .map(|(id, a)| (*id, a.rank));
+        if let Some((winner, rank)) = best {
+            let better_in_flight = round
+                .asks
+                .values()
+                .any(|a| a.accepted.is_none() && a.rank < rank);
+            if !better_in_flight {
+                return self.decide(job, round, winner);
+            }
+            return self.put_round(job, round);
+        }
+        let mut in_flight = round.asks.len();
+        while in_flight < self.config.top_k && round.next < round.candidates.len() {
+            let rank = round.next;
+            round.next += 1;
+            let node = round.candidates[rank].clone();
+            if let Some((lease, ask)) = self.ask(job, node, rank) {
+                round.asks.insert(lease, ask);
+                in_flight += 1;
+            }
+        }
+        if in_flight > 0 {
+            return self.put_round(job, round);
+        }
+        // Nobody can take it now.
+        if !round.soft_failure && !round.incompatible.is_empty() {
+            let why = format!("no compatible executor: {}", round.incompatible.join("; "));
+            return self.finish_job(job, Terminal::by_mill(TerminalStatus::Failed, reason(why)));
+        }
+        self.release_quota(job, false);
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.quota_held = None;
+            j.waits_for_change = Some(self.change_seq);
+        }
+        self.requeue(job);
+    }
+
+    fn put_round(&mut self, job: JobId, round: BidRound) {
+        match self.jobs.get_mut(&job) {
+            Some(j) => j.phase = Phase::Bidding(round),
+            None => self.abandon_round(job, round),
+        }
+    }
+
+    /// Sends one ask (M12). Returns `None` if the node cannot be asked after all.
+    fn ask(&mut self, job: JobId, node: NodeId, rank: usize) -> Option<(LeaseId, Ask)> {
+        let conn = self.sessions.get(&node).filter(|s| s.ready())?.conn?;
+        let spec = self.jobs.get(&job)?.spec.clone();
+        let lease = self.alloc_lease();
+        let deadline = self.now.plus(self.config.bid_timeout);
+        self.seat_taken(&node, &spec.engine);
+        self.send(
+            conn,
+            ToExecutor::ReserveSeat {
+                lease,
+                job,
+                spec,
+                ttl: self.config.reconnect_grace,
+            },
+        );
+        self.asks.insert(lease, job);
+        self.arm(deadline, Timer::Ask(lease));
+        Some((
+            lease,
+            Ask {
+                node,
+                rank,
+                deadline,
+                accepted: None,
+            },
+        ))
+    }
+
+    /// Tells `node` to drop a reservation, if it is connected.
+    fn release_remote(&mut self, node: &NodeId, lease: LeaseId) {
+        if let Some(conn) = self.sessions.get(node).and_then(|s| s.conn) {
+            self.send(conn, ToExecutor::ReleaseLease { lease });
+        }
+    }
+
+    /// The bid's round is over for this ask: release an acceptance at once, or remember an
+    /// ask still in flight so its acceptance is released when it comes (M12).
+    fn drop_ask(&mut self, job: JobId, lease: LeaseId, ask: Ask) {
+        self.asks.remove(&lease);
+        let engine = self.engine_of(job);
+        match ask.accepted {
+            Some(_) => {
+                self.release_remote(&ask.node, lease);
+                self.seat_released(&ask.node, engine.as_deref());
+            }
+            None => {
+                let engine = engine.unwrap_or_default();
+                self.strays.insert(lease, (ask.node, engine));
+                self.arm(ask.deadline, Timer::Stray(lease));
+            }
+        }
+    }
+
+    /// The job ended while bidding: let every ask go.
+    pub(super) fn abandon_round(&mut self, job: JobId, round: BidRound) {
+        for (lease, ask) in round.asks {
+            self.drop_ask(job, lease, ask);
+        }
+    }
+
+    pub(super) fn on_reserve_result(
+        &mut self,
+        node: &NodeId,
+        lease: LeaseId,
+        accepted: bool,
+        reject: Option<RejectKind>,
+        why: String,
+        resources: Resources,
+    ) {
+        if why.len() > crate::wire::MAX_REASON {
+            return self.violation(node, "ReserveResult reason exceeds 4096 bytes");
+        }
+        if let Some((stray_node, engine)) = self.strays.get(&lease) {
+            if stray_node == node {
+                let engine = engine.clone();
+                self.strays.remove(&lease);
+                if accepted {
+                    self.release_remote(node, lease);
+                }
+                self.seat_released(node, Some(&engine));
+            }
+            return;
+        }
+        let Some(&job) = self.asks.get(&lease) else {
+            if accepted {
+                // Late or unknown: make sure no seat stays held for it.
+                self.release_remote(node, lease);
+            }
+            return;
+        };
+        let Some(mut round) = self.take_round(job) else {
+            return;
+        };
+        let asked_here = round.asks.get(&lease).is_some_and(|a| &a.node == node);
+        if !asked_here || round.asks.get(&lease).is_some_and(|a| a.accepted.is_some()) {
+            self.put_round(job, round);
+            let what = format!("ReserveResult for lease {lease} that was not asked of it");
+            return self.violation(node, &what);
+        }
+        if accepted {
+            if let Err(e) = validate_resources(&resources) {
+                // M14: the bid counts as failed; the session closes, which fails the ask.
+                self.put_round(job, round);
+                let what = format!("invalid resource claim for lease {lease}: {e}");
+                return self.violation(node, &what);
+            }
+            if let Some(a) = round.asks.get_mut(&lease) {
+                a.accepted = Some(resources);
+            }
+        } else {
+            round.asks.remove(&lease);
+            self.asks.remove(&lease);
+            let engine = self.engine_of(job);
+            self.seat_released(node, engine.as_deref());
+            match reject {
+                Some(RejectKind::Incompatible) => {
+                    round.incompatible.push(reason(format!("{node}: {why}")));
+                }
+                Some(RejectKind::Transient) | None => round.soft_failure = true,
+            }
+        }
+        self.advance(job, round);
+    }
+
+    /// An ask got no answer within `bid_timeout`: it failed softly (M12).
+    pub(super) fn ask_expired(&mut self, lease: LeaseId, fired: crate::types::Time) {
+        let Some(&job) = self.asks.get(&lease) else {
+            return;
+        };
+        let Some(mut round) = self.take_round(job) else {
+            return;
+        };
+        let expired = round
+            .asks
+            .get(&lease)
+            .is_some_and(|a| a.accepted.is_none() && a.deadline == fired);
+        if expired {
+            if let Some(ask) = round.asks.remove(&lease) {
+                self.asks.remove(&lease);
+                self.release_remote(&ask.node, lease);
+                let engine = self.engine_of(job);
+                self.seat_released(&ask.node, engine.as_deref());
+                round.soft_failure = true;
+            }
+        }
+        self.advance(job, round);
+    }
+
+    pub(super) fn stray_expired(&mut self, lease: LeaseId) {
+        if let Some((node, engine)) = self.strays.remove(&lease) {
+            self.release_remote(&node, lease);
+            self.seat_released(&node, Some(&engine));
+        }
+    }
+
+    /// Every ask to `node` fails (its session closed or was forgotten).
+    pub(super) fn fail_asks_to(&mut self, node: &NodeId) {
+        let strays: Vec<LeaseId> = self
+            .strays
+            .iter()
+            .filter(|(_, (n, _))| n == node)
+            .map(|(l, _)| *l)
+            .collect();
+        for lease in strays {
+            if let Some((_, engine)) = self.strays.remove(&lease) {
+                self.seat_released(node, Some(&engine));
+            }
+        }
+        let jobs: BTreeSet<JobId> = self.asks.values().copied().collect();
+        for job in jobs {
+            let Some(mut round) = self.take_round(job) else {
+                continue;
+            };
+            let lost: Vec<LeaseId> = round
+                .asks
+                .iter()
+                .filter(|(_, a)| &a.node == node)
+                .map(|(l, _)| *l)
+                .collect();
+            if lost.is_empty() {
+                self.put_round(job, round);
+                continue;
+            }
+            let engine = self.engine_of(job);
+            for lease in lost {
+                round.asks.remove(&lease);
+                self.asks.remove(&lease);
+                self.seat_released(node, engine.as_deref());
+            }
+            round.soft_failure = true;
+            self.advance(job, round);
+        }
+    }
+
+    /// The best acceptance won: let the others go and admit the winner (M12, M15).
+    fn decide(&mut self, job: JobId, mut round: BidRound, winner: LeaseId) {
+        let Some(win) = round.asks.remove(&winner) else {
+            return self.put_round(job, round);
+        };
+        self.asks.remove(&winner);
+        for (lease, ask) in std::mem::take(&mut round.asks) {
+            self.drop_ask(job, lease, ask);
+        }
+        let charge = win.accepted.unwrap_or_default();
+        self.admit(job, winner, win.node, charge);
+    }
+
+    /// M15: quota before publishing.
+    fn admit(&mut self, job: JobId, lease: LeaseId, node: NodeId, charge: Resources) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let engine = j.spec.engine.clone();
+        if let Some(held) = j.quota_held.take() {
+            if held == charge {
+                return self.publish(job, lease, node, charge);
+            }
+            // The re-bid charges other resources than the quota holds: release both, retry.
+            self.observe(Observation::Rare(RarePath::QuotaRebidChangedResources));
+            self.release_remote(&node, lease);
+            self.seat_released(&node, Some(&engine));
+            self.release_quota(job, false);
+            return self.requeue(job);
+        }
+        let identity = j.spec.identity.clone();
+        match self.quota.try_acquire(job, &identity, &charge) {
+            Ok(Acquire::Allowed) => self.publish(job, lease, node, charge),
+            Ok(Acquire::Denied { reason: why }) => {
+                self.release_remote(&node, lease);
+                self.seat_released(&node, Some(&engine));
+                let t = Terminal::by_mill(
+                    TerminalStatus::Failed,
+                    reason(format!("quota denied: {why}")),
+                );
+                self.finish_job(job, t);
+            }
+            Ok(Acquire::Temporary) => {
+                // Never hold fleet capacity while waiting for quota.
+                self.release_remote(&node, lease);
+                self.seat_released(&node, Some(&engine));
+                self.observe(Observation::Rare(RarePath::QuotaWait));
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.phase = Phase::QuotaWait { charge };
+                }
+            }
+            Err(_) => {
+                self.release_remote(&node, lease);
+                self.seat_released(&node, Some(&engine));
+                self.release_quota(job, false);
+                self.requeue(job);
+            }
+        }
+    }
+
+    /// Q2 → M15: a waiting job's quota was granted; it bids again holding that charge.
+    pub(super) fn quota_granted(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            // Nobody to use it.
+            self.release_quota(job, false);
+            return;
+        };
+        let Phase::QuotaWait { charge } = std::mem::replace(&mut j.phase, Phase::Queued) else {
+            // Not waiting (should not happen): give the grant back.
+            self.release_quota(job, false);
+            return;
+        };
+        j.quota_held = Some(charge);
+        j.waits_for_change = None;
+        self.queue.insert(job);
+        self.wake_placement();
+    }
+
+    /// M16: persist the lease (with its quota hold) before the commit goes out.
+    fn publish(&mut self, job: JobId, lease: LeaseId, node: NodeId, charge: Resources) {
+        let Some(epoch) = self.sessions.get(&node).map(|s| s.epoch) else {
+            // The winner's session is gone: its seat with it.
+            self.release_quota(job, false);
+            return self.requeue(job);
+        };
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        j.phase = Phase::Leased(lease);
+        j.persisted_beyond_queued = true;
+        let latency = self.now.since(j.queued_at);
+        let identity = j.spec.identity.clone();
+        self.add_lease(
+            lease,
+            Lease {
+                job,
+                node: node.clone(),
+                epoch,
+                resources: charge.clone(),
+                state: LeaseState::Reserved,
+                commit_sent: None,
+                cancel: None,
+            },
+        );
+        if let Some(record) = self.lease_record(lease) {
+            self.persist(MillWrite::LeaseUpsert(record));
+        }
+        if self.quota.is_held(job) {
+            self.persist(MillWrite::QuotaHold {
+                job,
+                identity,
+                charge,
+            });
+        }
+        let state = JobState::Reserved {
+            lease,
+            node: node.clone(),
+        };
+        self.persist(MillWrite::JobState {
+            job,
+            state: state.clone(),
+        });
+        self.emit(MillOutput::JobUpdate { job, state });
+        self.observe(Observation::Placed {
+            job,
+            lease,
+            node,
+            latency,
+        });
+        self.send_commit(lease);
+    }
+
+    /// Sends `CommitLease` if the lease's node is ready; otherwise the commit waits (M17).
+    pub(super) fn send_commit(&mut self, lease: LeaseId) {
+        let Some(l) = self.leases.get(&lease) else {
+            return;
+        };
+        let Some(s) = self.sessions.get(&l.node) else {
+            return;
+        };
+        if !(s.ready() && s.epoch == l.epoch) {
+            return;
+        }
+        let Some(conn) = s.conn else {
+            return;
+        };
+        let due = self.now.plus(self.config.bid_timeout);
+        if let Some(l) = self.leases.get_mut(&lease) {
+            l.commit_sent = Some((conn, due));
+        }
+        self.arm(due, Timer::Commit(lease));
+        self.send(
+            conn,
+            ToExecutor::CommitLease {
+                lease,
+                secrets: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// M17: a commit unanswered within `bid_timeout` on a live session is re-sent.
+    pub(super) fn commit_check(&mut self, lease: LeaseId, fired: crate::types::Time) {
+        let Some(l) = self.leases.get(&lease) else {
+            return;
+        };
+        let Some((conn, due)) = l.commit_sent else {
+            return;
+        };
+        if l.state != LeaseState::Reserved || due != fired {
+            return;
+        }
+        let live = self.sessions.get(&l.node).and_then(|s| s.conn) == Some(conn);
+        if live {
+            self.observe(Observation::Rare(RarePath::CommitResent));
+            self.send_commit(lease);
+        }
+    }
+
+    /// M17: committed → the lease runs; not committed → the executor has no such seat, so
+    /// nothing runs and the job is placed again.
+    pub(super) fn on_commit_result(&mut self, node: &NodeId, lease: LeaseId, committed: bool) {
+        let epoch = self.sessions.get(node).map(|s| s.epoch);
+        let Some(l) = self.leases.get(&lease) else {
+            return;
+        };
+        if &l.node != node || Some(l.epoch) != epoch || l.state != LeaseState::Reserved {
+            return;
+        }
+        if committed {
+            self.mark_running(lease);
+        } else {
+            self.end_lease(lease, None);
+        }
+    }
+
+    /// A reserved lease is now running (commit answered, or its Running event arrived).
+    pub(super) fn mark_running(&mut self, lease: LeaseId) {
+        let Some(l) = self.leases.get_mut(&lease) else {
+            return;
+        };
+        if l.state == LeaseState::Running {
+            return;
+        }
+        l.state = LeaseState::Running;
+        l.commit_sent = None;
+        let (job, node) = (l.job, l.node.clone());
+        if let Some(record) = self.lease_record(lease) {
+            self.persist(MillWrite::LeaseUpsert(record));
+        }
+        let state = JobState::Running { lease, node };
+        self.persist(MillWrite::JobState {
+            job,
+            state: state.clone(),
+        });
+        self.emit(MillOutput::JobUpdate { job, state });
+    }
+}

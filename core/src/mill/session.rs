@@ -1,0 +1,706 @@
+//! Executor sessions: hello (M1, M2), readiness (M3), disconnect and grace (M4–M6), snapshots
+//! and reconcile (M7, M8), silence (M9), violations and quarantine (M28).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::{
+    constant_time_eq, reason, CancelPhase, Conn, Mill, MillOutput, MillWrite, Observation,
+    RarePath, RequestError, Timer,
+};
+use crate::job::{Terminal, TerminalStatus};
+use crate::types::{ConnId, Epoch, LeaseId, NodeId, Time};
+use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
+
+/// What the mill knows of one executor. Lives from its first Hello until grace expires
+/// without recovery (M5); survives disconnects during grace.
+#[derive(Debug)]
+pub(super) struct Session {
+    pub(super) epoch: Epoch,
+    /// The live connection, if any.
+    pub(super) conn: Option<ConnId>,
+    pub(super) labels: BTreeSet<String>,
+    pub(super) engines: BTreeSet<String>,
+    pub(super) last_heard: Time,
+    /// The latest snapshot: seqno and per-engine status.
+    pub(super) snapshot: Option<(u64, BTreeMap<String, EngineStatus>)>,
+    /// The first snapshot of this connection was reconciled (M8).
+    pub(super) reconciled: bool,
+    /// Grace deadline while recovering (M4–M6), or while leases of an older epoch wait.
+    pub(super) grace: Option<Time>,
+    /// Cancels sent and not yet acked, with their ack deadlines (M8, M26, M27).
+    pub(super) pending_cancels: BTreeMap<LeaseId, Time>,
+    /// Seats the mill holds on this node per engine: asks in flight, strays and leases.
+    pub(super) held: BTreeMap<String, u32>,
+    /// Leases whose terminal this node's stream delivered (M22), bounded FIFO.
+    pub(super) terminated: BTreeSet<LeaseId>,
+    pub(super) terminated_order: VecDeque<LeaseId>,
+}
+
+impl Session {
+    fn new(epoch: Epoch, now: Time) -> Self {
+        Session {
+            epoch,
+            conn: None,
+            labels: BTreeSet::new(),
+            engines: BTreeSet::new(),
+            last_heard: now,
+            snapshot: None,
+            reconciled: false,
+            grace: None,
+            pending_cancels: BTreeMap::new(),
+            held: BTreeMap::new(),
+            terminated: BTreeSet::new(),
+            terminated_order: VecDeque::new(),
+        }
+    }
+
+    /// Takes new work (M3, M11, M27): connected, reconciled, no pending cancel, snapshotted.
+    pub(super) fn ready(&self) -> bool {
+        self.conn.is_some()
+            && self.reconciled
+            && self.pending_cancels.is_empty()
+            && self.snapshot.is_some()
+    }
+
+    pub(super) fn remember_terminal(&mut self, lease: LeaseId, bound: usize) {
+        if self.terminated.insert(lease) {
+            self.terminated_order.push_back(lease);
+            while self.terminated_order.len() > bound {
+                if let Some(old) = self.terminated_order.pop_front() {
+                    self.terminated.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+impl Mill {
+    /// A session for `node` that waits for it to come back (restart, M29).
+    pub(super) fn placeholder_session(&mut self, node: &NodeId, epoch: Epoch) {
+        if self.sessions.contains_key(node) {
+            return;
+        }
+        let mut s = Session::new(epoch, self.now);
+        let grace = self.now.plus(self.config.reconnect_grace);
+        s.grace = Some(grace);
+        self.sessions.insert(node.clone(), s);
+        self.arm(grace, Timer::Grace(node.clone()));
+    }
+
+    pub(super) fn on_connected(&mut self, conn: ConnId) {
+        let unbound = self.conns.values().filter(|c| c.node.is_none()).count();
+        if unbound >= self.config.max_sessions {
+            self.emit(MillOutput::Close {
+                conn,
+                reason: "too many connections awaiting Hello".into(),
+            });
+            return;
+        }
+        self.conns.insert(conn, Conn { node: None });
+        let at = self.now.plus(self.config.silence_timeout);
+        self.arm(at, Timer::Handshake(conn));
+    }
+
+    pub(super) fn handshake_expired(&mut self, conn: ConnId) {
+        if matches!(self.conns.get(&conn), Some(Conn { node: None })) {
+            self.conns.remove(&conn);
+            self.emit(MillOutput::Close {
+                conn,
+                reason: "no Hello within silence_timeout".into(),
+            });
+        }
+    }
+
+    pub(super) fn on_disconnected(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        if let Some(node) = c.node {
+            if self.sessions.get(&node).and_then(|s| s.conn) == Some(conn) {
+                // A clean end of a session breaks a run of violation strikes (M28).
+                self.strikes.remove(&node);
+                self.detach(&node);
+            }
+        }
+    }
+
+    pub(super) fn on_message(&mut self, conn: ConnId, msg: ToMill) {
+        let Some(c) = self.conns.get(&conn) else {
+            return; // already closed by us
+        };
+        let node = match (&c.node, msg) {
+            (
+                None,
+                ToMill::Hello {
+                    protocol_version,
+                    node_id,
+                    epoch,
+                    token,
+                    labels,
+                    engines,
+                },
+            ) => {
+                self.hello(
+                    conn,
+                    protocol_version,
+                    node_id,
+                    epoch,
+                    token,
+                    labels,
+                    engines,
+                );
+                return;
+            }
+            (None, _) => {
+                self.conns.remove(&conn);
+                self.emit(MillOutput::Close {
+                    conn,
+                    reason: "the first message must be Hello".into(),
+                });
+                return;
+            }
+            (Some(node), msg) => (node.clone(), msg),
+        };
+        let (node, msg) = node;
+        let Some(s) = self.sessions.get_mut(&node) else {
+            return;
+        };
+        if s.conn != Some(conn) {
+            return;
+        }
+        s.last_heard = self.now;
+        match msg {
+            ToMill::Hello { .. } => self.violation(&node, "a second Hello on one session"),
+            ToMill::Snapshot {
+                seqno,
+                engines,
+                active_leases,
+            } => self.on_snapshot(&node, seqno, engines, active_leases),
+            ToMill::ReserveResult {
+                lease,
+                accepted,
+                reject,
+                reason,
+                resources,
+            } => self.on_reserve_result(&node, lease, accepted, reject, reason, resources),
+            ToMill::CommitResult { lease, committed } => {
+                self.on_commit_result(&node, lease, committed)
+            }
+            ToMill::EventBatch { epoch, events } => self.on_event_batch(&node, epoch, events),
+            ToMill::CancelAck { lease } => self.on_cancel_ack(&node, lease),
+            ToMill::LiveLog { lease, bytes } => {
+                if let Some(l) = self.leases.get(&lease) {
+                    if l.node == node {
+                        let job = l.job;
+                        self.emit(MillOutput::LiveLog { job, lease, bytes });
+                    }
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, conn: ConnId, why: String) {
+        self.conns.remove(&conn);
+        self.send(
+            conn,
+            ToExecutor::Refused {
+                reason: why.clone(),
+            },
+        );
+        self.emit(MillOutput::Close {
+            conn,
+            reason: why.clone(),
+        });
+        self.observe(Observation::Refused { conn, reason: why });
+    }
+
+    /// M1, M2: validate the Hello, then open or replace the node's session.
+    #[allow(clippy::too_many_arguments)]
+    fn hello(
+        &mut self,
+        conn: ConnId,
+        version: u32,
+        node_id: String,
+        epoch: Epoch,
+        token: String,
+        labels: Vec<String>,
+        engines: Vec<String>,
+    ) {
+        if version != wire::PROTOCOL_VERSION {
+            let why = format!(
+                "unsupported protocol version {version}; this mill speaks {}",
+                wire::PROTOCOL_VERSION
+            );
+            return self.refuse(conn, why);
+        }
+        let node = match NodeId::new(node_id) {
+            Ok(n) => n,
+            Err(e) => return self.refuse(conn, format!("invalid node id: {e}")),
+        };
+        if let Some(expected) = &self.config.executor_token {
+            if !constant_time_eq(expected.as_bytes(), token.as_bytes()) {
+                return self.refuse(conn, format!("node {node}: token not accepted"));
+            }
+        }
+        if self.quarantined.contains(&node) {
+            return self.refuse(
+                conn,
+                format!("node {node} is quarantined; an operator must lift it"),
+            );
+        }
+        if labels.len() > wire::MAX_NODE_LABELS
+            || engines.len() > wire::MAX_ENGINES
+            || !labels
+                .iter()
+                .chain(&engines)
+                .all(|n| crate::types::valid_name(n))
+        {
+            return self.refuse(
+                conn,
+                format!(
+                    "node {node}: labels (at most {}) and engines (at most {}) must be 1-64 printable ASCII characters",
+                    wire::MAX_NODE_LABELS,
+                    wire::MAX_ENGINES
+                ),
+            );
+        }
+        let grace = match self.sessions.get(&node) {
+            Some(old) => {
+                let live = old.conn.is_some()
+                    && self.now.since(old.last_heard) < self.config.silence_timeout;
+                if live {
+                    return self.refuse(conn, format!("node {node} already has a live session"));
+                }
+                let carried = old.grace;
+                if let Some(old_conn) = old.conn {
+                    self.conns.remove(&old_conn);
+                    self.emit(MillOutput::Close {
+                        conn: old_conn,
+                        reason: "replaced by a new session".into(),
+                    });
+                    self.detach(&node);
+                }
+                Some(carried.unwrap_or_else(|| self.now.plus(self.config.reconnect_grace)))
+            }
+            None => {
+                if self.sessions.len() >= self.config.max_sessions {
+                    return self.refuse(
+                        conn,
+                        format!("mill is at max_sessions ({})", self.config.max_sessions),
+                    );
+                }
+                None
+            }
+        };
+        let held = self
+            .sessions
+            .remove(&node)
+            .map(|s| s.held)
+            .unwrap_or_default();
+        let mut s = Session::new(epoch, self.now);
+        s.conn = Some(conn);
+        s.labels = labels.into_iter().collect();
+        s.engines = engines.into_iter().collect();
+        s.grace = grace;
+        s.held = held;
+        self.sessions.insert(node.clone(), s);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.node = Some(node.clone());
+        }
+        if let Some(g) = grace {
+            self.arm(g, Timer::Grace(node.clone()));
+        }
+        let at = self.now.plus(self.config.silence_timeout);
+        self.arm(at, Timer::Silence(node.clone()));
+        let cursor = self.cursor(&node, epoch);
+        self.send(conn, ToExecutor::Welcome { cursor });
+        self.reindex(&node);
+    }
+
+    /// M4: the node's connection is gone. Its leases stay; grace starts if not running.
+    pub(super) fn detach(&mut self, node: &NodeId) {
+        let grace_len = self.config.reconnect_grace;
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        if let Some(conn) = s.conn.take() {
+            self.conns.remove(&conn);
+        }
+        s.reconciled = false;
+        s.snapshot = None;
+        let pending: Vec<LeaseId> = std::mem::take(&mut s.pending_cancels).into_keys().collect();
+        let grace = *s.grace.get_or_insert(now.plus(grace_len));
+        self.arm(grace, Timer::Grace(node.clone()));
+        // Tracked cancels go out again when the node is ready; untracked ones are found again
+        // by the next reconcile.
+        for lease in pending {
+            if let Some(c) = self.leases.get_mut(&lease).and_then(|l| l.cancel.as_mut()) {
+                c.phase = CancelPhase::Waiting;
+            }
+        }
+        // Commits wait for the node to come back (M17).
+        if let Some(ids) = self.node_leases.get(node) {
+            for id in ids {
+                if let Some(l) = self.leases.get_mut(id) {
+                    l.commit_sent = None;
+                }
+            }
+        }
+        self.fail_asks_to(node);
+        self.reindex(node);
+        self.wake_placement();
+    }
+
+    /// Closes the session's connection for `why` and detaches it.
+    fn close_session(&mut self, node: &NodeId, why: String) {
+        if let Some(conn) = self.sessions.get(node).and_then(|s| s.conn) {
+            self.emit(MillOutput::Close { conn, reason: why });
+            self.detach(node);
+        }
+    }
+
+    /// M9: a session silent for `silence_timeout` is closed.
+    pub(super) fn silence_check(&mut self, node: NodeId) {
+        let Some(s) = self.sessions.get(&node) else {
+            return;
+        };
+        if s.conn.is_none() {
+            return;
+        }
+        let due = s.last_heard.plus(self.config.silence_timeout);
+        if due > self.now {
+            self.arm(due, Timer::Silence(node));
+            return;
+        }
+        self.strikes.remove(&node);
+        let why = format!(
+            "silent for {:?} (silence_timeout)",
+            self.config.silence_timeout
+        );
+        self.close_session(&node, why);
+    }
+
+    /// M5, M6: grace ran out. Without completed recovery every lease of the node fails;
+    /// with it, only leases of an older epoch (the node came back with a wiped store) fail.
+    pub(super) fn grace_check(&mut self, node: NodeId, fired: Time) {
+        let Some(s) = self.sessions.get(&node) else {
+            return;
+        };
+        let Some(deadline) = s.grace else {
+            return;
+        };
+        if deadline != fired {
+            // Extended (M6) or replaced: a newer timer is armed.
+            return;
+        }
+        let recovered = s.ready();
+        let epoch = s.epoch;
+        let leases: Vec<LeaseId> = self
+            .node_leases
+            .get(&node)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        if recovered {
+            for id in leases {
+                if self.leases.get(&id).is_some_and(|l| l.epoch != epoch) {
+                    self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
+                    self.fail_lease(id, "executor lost (its store was replaced)".into());
+                }
+            }
+            if let Some(s) = self.sessions.get_mut(&node) {
+                s.grace = None;
+            }
+            return;
+        }
+        for id in leases {
+            self.fail_lease(id, "executor lost".into());
+        }
+        if let Some(conn) = self.sessions.get(&node).and_then(|s| s.conn) {
+            self.conns.remove(&conn);
+            self.emit(MillOutput::Close {
+                conn,
+                reason: "recovery did not complete within reconnect_grace".into(),
+            });
+        }
+        self.fail_asks_to(&node);
+        self.sessions.remove(&node);
+        self.rank.remove(&node);
+        self.wake_placement();
+    }
+
+    /// Ends a lease whose executor can no longer be trusted to finish it: failed with `why`,
+    /// or with its pending cancel's status and reason (M5).
+    pub(super) fn fail_lease(&mut self, id: LeaseId, why: String) {
+        let Some(l) = self.leases.get(&id) else {
+            return;
+        };
+        let cancelled = l.cancel.is_some();
+        let mut t = match &l.cancel {
+            Some(c) => Terminal::by_mill(c.status, c.reason.clone()),
+            None => Terminal::by_mill(TerminalStatus::Failed, why),
+        };
+        t.node = Some(l.node.clone());
+        t.lease = Some(id);
+        if cancelled {
+            self.observe(Observation::Rare(RarePath::GraceExpiredWithPendingCancel));
+        }
+        self.end_lease(id, Some(t));
+    }
+
+    /// M6: events applied while recovering push the grace deadline out, never in.
+    pub(super) fn extend_grace(&mut self, node: &NodeId) {
+        let extended = self.now.plus(self.config.reconnect_grace);
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        if s.ready() {
+            return;
+        }
+        if let Some(g) = s.grace.as_mut() {
+            if extended > *g {
+                *g = extended;
+                self.arm(extended, Timer::Grace(node.clone()));
+            }
+        }
+    }
+
+    /// M7, M8, M10 wake-up: a snapshot updates capacity; the first one of a connection
+    /// reconciles the node's leases.
+    fn on_snapshot(
+        &mut self,
+        node: &NodeId,
+        seqno: u64,
+        engines: BTreeMap<String, EngineStatus>,
+        active: Vec<crate::types::LeaseId>,
+    ) {
+        if engines.len() > wire::MAX_ENGINES || active.len() > wire::MAX_ACTIVE_LEASES {
+            return self.violation(node, "snapshot exceeds the engine or lease bound");
+        }
+        for (name, e) in &engines {
+            let bad_load = e.load.len() > wire::MAX_LOAD_ENTRIES
+                || e.load
+                    .iter()
+                    .any(|(k, v)| !crate::types::valid_name(k) || !(0.0..=1.0).contains(v));
+            if !crate::types::valid_name(name) || bad_load {
+                let why = format!("snapshot engine {name:?}: loads must be 0..=1 with valid names");
+                return self.violation(node, &why);
+            }
+        }
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        if let Some((last, _)) = &s.snapshot {
+            if seqno <= *last {
+                let why = format!("snapshot seqno {seqno} does not exceed {last} (M7)");
+                return self.violation(node, &why);
+            }
+        }
+        s.snapshot = Some((seqno, engines));
+        if !s.reconciled {
+            self.reconcile(node, active.into_iter().collect());
+        }
+        self.reindex(node);
+        self.wake_placement();
+    }
+
+    /// M8: settle the node's leases of this epoch against what it reports.
+    fn reconcile(&mut self, node: &NodeId, reported: BTreeSet<LeaseId>) {
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        s.reconciled = true;
+        let epoch = s.epoch;
+        let ours: Vec<LeaseId> = self
+            .node_leases
+            .get(node)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        for id in &ours {
+            let Some(l) = self.leases.get(id) else {
+                continue;
+            };
+            if l.epoch != epoch || reported.contains(id) {
+                continue;
+            }
+            match l.state {
+                super::LeaseState::Running => {
+                    self.observe(Observation::Rare(RarePath::ReconcileFailedLease));
+                    self.fail_lease(*id, "executor no longer has the job".into());
+                }
+                // Never committed there: nothing ran, place it again.
+                super::LeaseState::Reserved => self.end_lease(*id, None),
+            }
+        }
+        for id in reported {
+            let known = self
+                .leases
+                .get(&id)
+                .is_some_and(|l| &l.node == node && l.epoch == epoch);
+            if !known {
+                self.observe(Observation::Rare(RarePath::UntrackedCancel));
+                self.send_cancel(
+                    node,
+                    id,
+                    "the mill holds no such lease for this node".into(),
+                );
+            }
+        }
+        // Cancels that waited for the node (M26).
+        let waiting: Vec<(LeaseId, String)> = ours
+            .iter()
+            .filter_map(|id| {
+                let c = self.leases.get(id)?.cancel.as_ref()?;
+                (c.phase == CancelPhase::Waiting).then(|| (*id, c.reason.clone()))
+            })
+            .collect();
+        for (id, why) in waiting {
+            if let Some(c) = self.leases.get_mut(&id).and_then(|l| l.cancel.as_mut()) {
+                c.phase = CancelPhase::Sent;
+            }
+            self.send_cancel(node, id, why);
+        }
+        self.maybe_ready(node);
+    }
+
+    /// Sends a `CancelAttempt` and starts its ack deadline (M8, M26).
+    pub(super) fn send_cancel(&mut self, node: &NodeId, lease: LeaseId, why: String) {
+        let deadline = self.now.plus(self.config.cancel_ack_timeout);
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        let Some(conn) = s.conn else {
+            return;
+        };
+        s.pending_cancels.insert(lease, deadline);
+        self.arm(deadline, Timer::CancelAck(node.clone(), lease));
+        self.send(
+            conn,
+            ToExecutor::CancelAttempt {
+                lease,
+                reason: reason(why),
+            },
+        );
+        self.reindex(node);
+    }
+
+    /// M3, M17: once reconciled with no pending cancel, the node is recovered: grace ends
+    /// (unless leases of an older epoch still wait for it), held commits go out, and
+    /// placement may use it.
+    pub(super) fn maybe_ready(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.get(node) else {
+            return;
+        };
+        if !(s.conn.is_some() && s.reconciled && s.pending_cancels.is_empty()) {
+            return;
+        }
+        let epoch = s.epoch;
+        let ids: Vec<LeaseId> = self
+            .node_leases
+            .get(node)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        let old_epoch_waits = ids
+            .iter()
+            .any(|id| self.leases.get(id).is_some_and(|l| l.epoch != epoch));
+        if !old_epoch_waits {
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.grace = None;
+            }
+        }
+        for id in ids {
+            let resend = self.leases.get(&id).is_some_and(|l| {
+                l.state == super::LeaseState::Reserved
+                    && l.commit_sent.is_none()
+                    && l.epoch == epoch
+            });
+            if resend {
+                self.send_commit(id);
+            }
+        }
+        self.reindex(node);
+        self.wake_placement();
+    }
+
+    pub(super) fn on_cancel_ack(&mut self, node: &NodeId, lease: LeaseId) {
+        let Some(s) = self.sessions.get_mut(node) else {
+            return;
+        };
+        if s.pending_cancels.remove(&lease).is_none() {
+            return; // a repeat, or for a cancel we no longer wait on
+        }
+        let teardown = self.now.plus(self.config.cancel_teardown_timeout);
+        if let Some(c) = self.leases.get_mut(&lease).and_then(|l| l.cancel.as_mut()) {
+            if c.phase == CancelPhase::Sent {
+                c.phase = CancelPhase::Acked { teardown };
+                self.arm(teardown, Timer::Teardown(lease));
+            }
+        }
+        self.maybe_ready(node);
+    }
+
+    /// M8, M26: a cancel not acked in time closes the session.
+    pub(super) fn cancel_ack_expired(&mut self, node: NodeId, lease: LeaseId, fired: Time) {
+        let due = self
+            .sessions
+            .get(&node)
+            .and_then(|s| s.pending_cancels.get(&lease))
+            .copied();
+        if due == Some(fired) {
+            let why = format!(
+                "cancel of lease {lease} not acked within {:?}",
+                self.config.cancel_ack_timeout
+            );
+            self.close_session(&node, why);
+        }
+    }
+
+    /// M28: close the session; `quarantine_strikes` in a row quarantine the node.
+    pub(super) fn violation(&mut self, node: &NodeId, what: &str) {
+        let why = reason(format!("protocol violation: {what}"));
+        self.observe(Observation::Violation {
+            node: node.clone(),
+            reason: why.clone(),
+        });
+        let strikes = self.strikes.entry(node.clone()).or_insert(0);
+        *strikes += 1;
+        let quarantine = *strikes >= self.config.quarantine_strikes;
+        self.close_session(node, why);
+        if quarantine {
+            self.quarantine(node);
+        }
+    }
+
+    fn quarantine(&mut self, node: &NodeId) {
+        self.quarantined.insert(node.clone());
+        self.persist(MillWrite::Quarantine {
+            node: node.clone(),
+            quarantined: true,
+        });
+        self.observe(Observation::Quarantined { node: node.clone() });
+        let leases: Vec<LeaseId> = self
+            .node_leases
+            .get(node)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        for id in leases {
+            self.fail_lease(id, format!("executor {node} quarantined"));
+        }
+        self.fail_asks_to(node);
+        self.sessions.remove(node);
+        self.rank.remove(node);
+        self.wake_placement();
+    }
+
+    pub(super) fn lift_quarantine(&mut self, node: NodeId) -> Result<(), RequestError> {
+        if !self.quarantined.remove(&node) {
+            return Err(RequestError::NotQuarantined { node });
+        }
+        self.strikes.remove(&node);
+        self.persist(MillWrite::Quarantine {
+            node,
+            quarantined: false,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! What the mill makes durable (M29): typed writes grouped into batches, and the snapshot a
+//! driver loads at restart.
+//!
+//! A [`MillBatch`] is applied atomically (one SQL transaction in the node, one in-memory step
+//! in the simulator) before the driver acts on any output that follows it. [`MillSnapshot`]
+//! doubles as the reference in-memory store: [`MillSnapshot::apply`] is exactly what a durable
+//! store must do with a batch, so the simulator keeps one per mill and the node's SQLite
+//! schema mirrors it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Identity, JobSpec, JobState};
+use crate::types::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
+
+/// Where a durable lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseState {
+    /// Published (M16): the seat is held and the commit is on its way. Dropped at restart (M29).
+    Reserved,
+    /// Committed (M17): the executor runs the job.
+    Running,
+}
+
+/// A lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// The lease.
+    pub lease: LeaseId,
+    /// The job it runs.
+    pub job: JobId,
+    /// The executor.
+    pub node: NodeId,
+    /// The executor's store epoch when the lease was made.
+    pub epoch: Epoch,
+    /// What the executor charges (M14); the quota hold is for the same charge.
+    pub resources: Resources,
+    /// Reserved or running.
+    pub state: LeaseState,
+}
+
+/// A job as stored; terminal jobs leave the snapshot (the driver keeps their history).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// What to run.
+    pub spec: JobSpec,
+    /// Wall-clock submission time from the driver (plain data for people: ms since the Unix
+    /// epoch), never used for deadlines.
+    pub submitted_at_ms: u64,
+    /// The latest state.
+    pub state: JobState,
+}
+
+/// One durable change. Drivers match these exhaustively.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum MillWrite {
+    /// High-water marks: job ids below `next_job` and lease ids below `lease_floor` may have
+    /// been used and are never handed out again (M30).
+    Counters {
+        /// Next job id.
+        next_job: JobId,
+        /// Lease ids below this may have been used.
+        lease_floor: LeaseId,
+    },
+    /// A new job, queued.
+    JobInsert {
+        /// Its id.
+        job: JobId,
+        /// The record.
+        record: JobRecord,
+    },
+    /// A job's new state; also one entry of its status history.
+    JobState {
+        /// The job.
+        job: JobId,
+        /// Its state from now on.
+        state: JobState,
+    },
+    /// A lease was published or committed.
+    LeaseUpsert(LeaseRecord),
+    /// A lease ended.
+    LeaseDelete {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Events up to `seqno` of (node, epoch) are applied (M23).
+    Cursor {
+        /// The executor.
+        node: NodeId,
+        /// Its epoch.
+        epoch: Epoch,
+        /// Last applied seqno.
+        seqno: Seqno,
+    },
+    /// A quota hold for a published lease's job.
+    QuotaHold {
+        /// The job (the reservation id).
+        job: JobId,
+        /// Scopes charged.
+        identity: Identity,
+        /// The charge.
+        charge: Resources,
+    },
+    /// A quota hold ended.
+    QuotaRelease {
+        /// The job.
+        job: JobId,
+    },
+    /// A node entered or left quarantine (M28).
+    Quarantine {
+        /// The executor.
+        node: NodeId,
+        /// True when quarantined.
+        quarantined: bool,
+    },
+}
+
+/// Writes to apply atomically, in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MillBatch {
+    /// The writes.
+    pub writes: Vec<MillWrite>,
+}
+
+/// Everything durable, as loaded at restart (M29).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MillSnapshot {
+    /// Next job id to hand out.
+    pub next_job: JobId,
+    /// Lease ids below this may have been used.
+    pub lease_floor: LeaseId,
+    /// Jobs that have not ended.
+    pub jobs: BTreeMap<JobId, JobRecord>,
+    /// Leases, reserved or running.
+    pub leases: BTreeMap<LeaseId, LeaseRecord>,
+    /// Applied seqno per (node, epoch).
+    pub cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+    /// Quota holds by job.
+    pub quota_holds: BTreeMap<JobId, (Identity, Resources)>,
+    /// Quarantined nodes.
+    pub quarantined: BTreeSet<NodeId>,
+}
+
+impl MillSnapshot {
+    /// Applies a batch exactly as a durable store must.
+    pub fn apply(&mut self, batch: &MillBatch) {
+        for write in &batch.writes {
+            self.apply_write(write);
+        }
+    }
+
+    fn apply_write(&mut self, write: &MillWrite) {
+        match write {
+            MillWrite::Counters {
+                next_job,
+                lease_floor,
+            } => {
+                self.next_job = self.next_job.max(*next_job);
+                self.lease_floor = self.lease_floor.max(*lease_floor);
+            }
+            MillWrite::JobInsert { job, record } => {
+                self.jobs.insert(*job, record.clone());
+            }
+            MillWrite::JobState { job, state } => {
+                if matches!(state, JobState::Done(_)) {
+                    self.jobs.remove(job);
+                } else if let Some(record) = self.jobs.get_mut(job) {
+                    record.state = state.clone();
+                }
+            }
+            MillWrite::LeaseUpsert(record) => {
+                self.leases.insert(record.lease, record.clone());
+            }
+            MillWrite::LeaseDelete { lease } => {
+                self.leases.remove(lease);
+            }
+            MillWrite::Cursor { node, epoch, seqno } => {
+                self.cursors.insert((node.clone(), *epoch), *seqno);
+            }
+            MillWrite::QuotaHold {
+                job,
+                identity,
+                charge,
+            } => {
+                self.quota_holds
+                    .insert(*job, (identity.clone(), charge.clone()));
+            }
+            MillWrite::QuotaRelease { job } => {
+                self.quota_holds.remove(job);
+            }
+            MillWrite::Quarantine { node, quarantined } => {
+                if *quarantined {
+                    self.quarantined.insert(node.clone());
+                } else {
+                    self.quarantined.remove(node);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! M18, M26, M27: cancels and timeouts.
+
+use super::*;
+
+fn cancel(h: &mut H, job: JobId) {
+    h.input(MillInput::Cancel {
+        job,
+        reason: "user".into(),
+    })
+    .unwrap();
+}
+
+#[test]
+fn m18_job_timeout_cancels_it_and_its_terminal_is_timeout() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let mut s = spec();
+    s.timeout = Some(60 * SEC);
+    let (job, lease) = h.run_on(a, s);
+    h.keep_alive(a, 59 * SEC, &[lease]);
+    assert!(h.cancels(a).is_empty());
+    h.keep_alive(a, SEC, &[lease]);
+    assert_eq!(h.cancels(a), vec![lease]);
+    h.msg(a, ToMill::CancelAck { lease });
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Cancelled))]);
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Timeout);
+}
+
+#[test]
+fn m18_a_queued_job_times_out_at_once() {
+    let mut h = H::new();
+    let mut s = spec();
+    s.timeout = Some(10 * SEC);
+    let job = h.submit(s);
+    h.advance(10 * SEC);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Timeout);
+}
+
+#[test]
+fn m26_cancel_of_a_queued_job_ends_it_cancelled() {
+    let mut h = H::new();
+    let job = h.submit(spec());
+    cancel(&mut h, job);
+    assert_eq!(
+        h.terminal_of(job).unwrap().status,
+        TerminalStatus::Cancelled
+    );
+    assert_eq!(
+        h.input(MillInput::Cancel {
+            job,
+            reason: String::new()
+        }),
+        Err(RequestError::JobNotActive { job })
+    );
+}
+
+#[test]
+fn m26_cancel_of_a_reserved_lease_releases_it_and_ends_cancelled() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    let a2 = h.hello_as("a", 1, &[]);
+    cancel(&mut h, job);
+    assert_eq!(
+        h.terminal_of(job).unwrap().status,
+        TerminalStatus::Cancelled
+    );
+    assert!(h.writes().contains(&MillWrite::LeaseDelete { lease: la }));
+    assert_eq!(h.releases(a2), vec![la]);
+}
+
+#[test]
+fn m26_cancel_of_a_reserved_lease_whose_commit_is_out_sends_a_cancel() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    cancel(&mut h, job);
+    assert_eq!(
+        h.terminal_of(job).unwrap().status,
+        TerminalStatus::Cancelled
+    );
+    assert_eq!(
+        h.cancels(a),
+        vec![la],
+        "a release would not stop a started job (E8)"
+    );
+}
+
+#[test]
+fn m26_cancel_of_a_running_lease_waits_for_the_ack_then_the_terminal() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    cancel(&mut h, job);
+    assert_eq!(h.cancels(a), vec![lease]);
+    assert!(h.terminal_of(job).is_none());
+    h.msg(a, ToMill::CancelAck { lease });
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Cancelled))]);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Cancelled);
+    assert_eq!(t.node, Some(node("a")));
+}
+
+#[test]
+fn m26_an_unacked_cancel_closes_the_session() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, _) = h.run_on(a, spec());
+    cancel(&mut h, job);
+    h.advance(5 * SEC);
+    h.snapshot(a, 0.0, &[]);
+    h.advance(6 * SEC);
+    assert!(h.closed(a).unwrap().contains("not acked"));
+}
+
+#[test]
+fn m26_no_terminal_within_teardown_ends_the_job_cancelled_without_the_node() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    cancel(&mut h, job);
+    h.msg(a, ToMill::CancelAck { lease });
+    h.keep_alive(a, 599 * SEC, &[lease]);
+    assert!(h.terminal_of(job).is_none());
+    h.keep_alive(a, 2 * SEC, &[lease]);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Cancelled);
+    assert!(t.error.unwrap().contains("node teardown exceeded"));
+    assert!(h.rare(RarePath::TeardownDeadline));
+}
+
+#[test]
+fn m26_a_cancel_for_a_disconnected_node_is_sent_when_its_session_is_ready() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    cancel(&mut h, job);
+    assert!(h.out.iter().all(|o| !matches!(o, MillOutput::Send { .. })));
+    let a2 = h.hello_as("a", 1, &[]);
+    assert!(h.cancels(a2).is_empty());
+    h.snapshot(a2, 0.0, &[lease]);
+    assert_eq!(h.cancels(a2), vec![lease]);
+}
+
+#[test]
+fn m27_a_session_with_a_pending_cancel_takes_no_new_work() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    cancel(&mut h, job);
+    let next = h.submit(spec());
+    assert!(h.asks(a).is_empty());
+    assert_eq!(h.mill.job_state(next), Some(JobState::Queued));
+    h.msg(a, ToMill::CancelAck { lease });
+    assert_eq!(h.asks(a).len(), 1);
+}

@@ -1,0 +1,431 @@
+//! Rule tests for the mill: a small harness feeds inputs and collects outputs; tests assert
+//! what was sent, persisted and reported, never internals. Each test names its rule.
+
+mod cancel;
+mod events;
+mod placement;
+mod restart;
+mod sessions;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::*;
+use crate::job::{Identity, JobSpec, TerminalStatus};
+use crate::wire::{EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill};
+
+pub(super) const SEC: Duration = Duration::from_secs(1);
+
+/// A mill, a clock, and the outputs of the last step.
+pub(super) struct H {
+    pub mill: Mill,
+    pub now: Time,
+    pub out: Vec<MillOutput>,
+    /// Every output ever, for order checks.
+    pub all: Vec<MillOutput>,
+    /// The in-memory durable store, fed by every `Persist`.
+    pub store: MillSnapshot,
+    next_conn: u64,
+    snap_seq: BTreeMap<ConnId, u64>,
+}
+
+pub(super) fn config() -> MillConfig {
+    MillConfig {
+        executor_token: Some("secret".into()),
+        ..MillConfig::default()
+    }
+}
+
+pub(super) fn spec() -> JobSpec {
+    JobSpec {
+        engine: "shell".into(),
+        labels: BTreeSet::new(),
+        resources: Resources::new(),
+        identity: Identity {
+            owner: "acme".into(),
+            repo: "acme/app".into(),
+        },
+        timeout: None,
+        payload: b"echo hi".to_vec(),
+    }
+}
+
+pub(super) fn node(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+pub(super) fn charge(pairs: &[(&str, u64)]) -> Resources {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+pub(super) fn engines(available: bool, load: f64) -> BTreeMap<String, EngineStatus> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "shell".to_string(),
+        EngineStatus {
+            available,
+            capacity: 4,
+            load: [("seats".to_string(), load)].into_iter().collect(),
+        },
+    );
+    m
+}
+
+pub(super) fn terminal(status: TerminalStatus) -> EventKind {
+    EventKind::Terminal {
+        status,
+        exit_code: Some(if status == TerminalStatus::Success {
+            0
+        } else {
+            1
+        }),
+        error: None,
+        log: None,
+    }
+}
+
+impl H {
+    pub fn new() -> Self {
+        Self::with(config())
+    }
+
+    pub fn with(config: MillConfig) -> Self {
+        Self::restart_from(config, None, Time::from_micros(1_000_000))
+    }
+
+    pub fn restart_from(config: MillConfig, snapshot: Option<MillSnapshot>, now: Time) -> Self {
+        let store = snapshot.clone().unwrap_or_default();
+        let mill = Mill::new(config, snapshot, now).unwrap();
+        let mut h = H {
+            mill,
+            now,
+            out: Vec::new(),
+            all: Vec::new(),
+            store,
+            next_conn: 1,
+            snap_seq: BTreeMap::new(),
+        };
+        h.drain();
+        h
+    }
+
+    /// Restarts the mill from what it persisted so far.
+    pub fn restart(&mut self) {
+        let config = self.mill.config().clone();
+        let next_conn = self.next_conn;
+        *self = H::restart_from(config, Some(self.store.clone()), self.now.plus(SEC));
+        self.next_conn = next_conn;
+    }
+
+    /// Drains one step's outputs. Asserts the persist-before-send discipline on every step
+    /// of every test: at most one `Persist`, and nothing that depends on it before it.
+    fn drain(&mut self) {
+        self.out.clear();
+        let mut effects_seen = false;
+        let mut persists = 0;
+        while let Some(o) = self.mill.poll_output() {
+            match &o {
+                MillOutput::Persist(_) => {
+                    assert!(
+                        !effects_seen,
+                        "a Persist after a send in one step: {:?}",
+                        self.out
+                    );
+                    persists += 1;
+                    assert_eq!(persists, 1, "more than one Persist in one step");
+                }
+                MillOutput::Send { .. }
+                | MillOutput::Close { .. }
+                | MillOutput::JobUpdate { .. }
+                | MillOutput::LiveLog { .. }
+                | MillOutput::Observed(_) => effects_seen = true,
+            }
+            if let MillOutput::Persist(b) = &o {
+                self.store.apply(b);
+            }
+            self.out.push(o.clone());
+            self.all.push(o);
+        }
+    }
+
+    pub fn input(&mut self, input: MillInput) -> Result<Reply, RequestError> {
+        let r = self.mill.handle(self.now, input);
+        self.drain();
+        r
+    }
+
+    pub fn msg(&mut self, conn: ConnId, msg: ToMill) {
+        self.input(MillInput::Message { conn, msg }).unwrap();
+    }
+
+    /// Moves the clock and fires every deadline due, one tick per deadline.
+    pub fn advance(&mut self, d: Duration) {
+        let target = self.now.plus(d);
+        let mut collected = Vec::new();
+        while let Some(t) = self.mill.next_deadline() {
+            if t > target {
+                break;
+            }
+            self.now = self.now.max(t);
+            self.input(MillInput::Tick).unwrap();
+            collected.append(&mut self.out);
+        }
+        self.now = target;
+        self.input(MillInput::Tick).unwrap();
+        collected.append(&mut self.out);
+        self.out = collected;
+    }
+
+    /// Advances `d` in 5 s steps, with `conn` snapshotting so the session stays live;
+    /// `out` holds everything of the whole span.
+    pub fn keep_alive(&mut self, conn: ConnId, d: Duration, active: &[LeaseId]) {
+        let mut collected = Vec::new();
+        let mut left = d;
+        while !left.is_zero() {
+            let step = left.min(5 * SEC);
+            left -= step;
+            self.advance(step);
+            collected.append(&mut self.out);
+            self.snapshot(conn, 0.0, active);
+            collected.append(&mut self.out);
+        }
+        self.out = collected;
+    }
+
+    pub fn hello_as(&mut self, name: &str, epoch: u64, labels: &[&str]) -> ConnId {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.input(MillInput::Connected { conn }).unwrap();
+        self.msg(
+            conn,
+            ToMill::Hello {
+                protocol_version: crate::wire::PROTOCOL_VERSION,
+                node_id: name.into(),
+                epoch: Epoch(epoch),
+                token: "secret".into(),
+                labels: labels.iter().map(|s| s.to_string()).collect(),
+                engines: vec!["shell".into()],
+            },
+        );
+        conn
+    }
+
+    pub fn snapshot(&mut self, conn: ConnId, load: f64, active: &[LeaseId]) {
+        self.snapshot_with(conn, engines(true, load), active);
+    }
+
+    pub fn snapshot_with(
+        &mut self,
+        conn: ConnId,
+        engines: BTreeMap<String, EngineStatus>,
+        active: &[LeaseId],
+    ) {
+        let seq = self.snap_seq.entry(conn).or_insert(0);
+        *seq += 1;
+        let seqno = *seq;
+        self.msg(
+            conn,
+            ToMill::Snapshot {
+                seqno,
+                engines,
+                active_leases: active.to_vec(),
+            },
+        );
+    }
+
+    /// A connected, reconciled executor with no leases.
+    pub fn ready(&mut self, name: &str, load: f64) -> ConnId {
+        let conn = self.hello_as(name, 1, &[]);
+        self.snapshot(conn, load, &[]);
+        conn
+    }
+
+    pub fn submit(&mut self, spec: JobSpec) -> JobId {
+        match self.input(MillInput::Submit {
+            spec,
+            submitted_at_ms: 0,
+        }) {
+            Ok(Reply::Submitted(j)) => j,
+            other => panic!("submit: {other:?}"),
+        }
+    }
+
+    pub fn sent(&self, conn: ConnId) -> Vec<ToExecutor> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Send { conn: c, msg } if *c == conn => Some(msg.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Lease ids of the `ReserveSeat`s sent to `conn` in the last step.
+    pub fn asks(&self, conn: ConnId) -> Vec<LeaseId> {
+        self.sent(conn)
+            .into_iter()
+            .filter_map(|m| match m {
+                ToExecutor::ReserveSeat { lease, .. } => Some(lease),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn commits(&self, conn: ConnId) -> Vec<LeaseId> {
+        self.sent(conn)
+            .into_iter()
+            .filter_map(|m| match m {
+                ToExecutor::CommitLease { lease, .. } => Some(lease),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn releases(&self, conn: ConnId) -> Vec<LeaseId> {
+        self.sent(conn)
+            .into_iter()
+            .filter_map(|m| match m {
+                ToExecutor::ReleaseLease { lease } => Some(lease),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn cancels(&self, conn: ConnId) -> Vec<LeaseId> {
+        self.sent(conn)
+            .into_iter()
+            .filter_map(|m| match m {
+                ToExecutor::CancelAttempt { lease, .. } => Some(lease),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn closed(&self, conn: ConnId) -> Option<String> {
+        self.out.iter().find_map(|o| match o {
+            MillOutput::Close { conn: c, reason } if *c == conn => Some(reason.clone()),
+            _ => None,
+        })
+    }
+
+    pub fn refused(&self, conn: ConnId) -> Option<String> {
+        self.sent(conn).into_iter().find_map(|m| match m {
+            ToExecutor::Refused { reason } => Some(reason),
+            _ => None,
+        })
+    }
+
+    pub fn writes(&self) -> Vec<MillWrite> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Persist(b) => Some(b.writes.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    pub fn updates(&self) -> Vec<(JobId, JobState)> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::JobUpdate { job, state } => Some((*job, state.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn terminal_of(&self, job: JobId) -> Option<Terminal> {
+        self.updates().into_iter().find_map(|(j, s)| match s {
+            JobState::Done(t) if j == job => Some(t),
+            _ => None,
+        })
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Observed(Observation::Violation { reason, .. }) => Some(reason.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn rare(&self, path: RarePath) -> bool {
+        self.out
+            .iter()
+            .any(|o| matches!(o, MillOutput::Observed(Observation::Rare(p)) if *p == path))
+    }
+
+    pub fn accept(&mut self, conn: ConnId, lease: LeaseId, resources: Resources) {
+        self.msg(
+            conn,
+            ToMill::ReserveResult {
+                lease,
+                accepted: true,
+                reject: None,
+                reason: String::new(),
+                resources,
+            },
+        );
+    }
+
+    pub fn reject(&mut self, conn: ConnId, lease: LeaseId, kind: RejectKind, why: &str) {
+        self.msg(
+            conn,
+            ToMill::ReserveResult {
+                lease,
+                accepted: false,
+                reject: Some(kind),
+                reason: why.into(),
+                resources: Resources::new(),
+            },
+        );
+    }
+
+    pub fn committed(&mut self, conn: ConnId, lease: LeaseId) {
+        self.msg(
+            conn,
+            ToMill::CommitResult {
+                lease,
+                committed: true,
+            },
+        );
+    }
+
+    pub fn events(&mut self, conn: ConnId, epoch: u64, events: Vec<(u64, LeaseId, EventKind)>) {
+        let events = events
+            .into_iter()
+            .map(|(seqno, lease, kind)| Event {
+                seqno: Seqno(seqno),
+                lease,
+                kind,
+            })
+            .collect();
+        self.msg(
+            conn,
+            ToMill::EventBatch {
+                epoch: Epoch(epoch),
+                events,
+            },
+        );
+    }
+
+    /// Submits a job and runs it to `Running` on the single ready executor `conn`.
+    pub fn run_on(&mut self, conn: ConnId, spec: JobSpec) -> (JobId, LeaseId) {
+        let job = self.submit(spec);
+        let asks = self.asks(conn);
+        assert_eq!(asks.len(), 1, "one ask expected, got {:?}", self.out);
+        let lease = asks[0];
+        self.accept(conn, lease, charge(&[("jobs", 1)]));
+        assert_eq!(self.commits(conn), vec![lease]);
+        self.committed(conn, lease);
+        assert!(matches!(
+            self.mill.job_state(job),
+            Some(JobState::Running { .. })
+        ));
+        (job, lease)
+    }
+}

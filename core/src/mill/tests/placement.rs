@@ -1,0 +1,385 @@
+//! M10–M17: placement, bids, quota admission, publish and commit.
+
+use super::*;
+use crate::quota::QuotaConfig;
+
+#[test]
+fn m10_submit_beyond_max_pending_is_refused_and_nothing_is_stored() {
+    let mut h = H::with(MillConfig {
+        max_pending: 2,
+        ..config()
+    });
+    h.submit(spec());
+    h.submit(spec());
+    let r = h.input(MillInput::Submit {
+        spec: spec(),
+        submitted_at_ms: 0,
+    });
+    assert_eq!(r, Err(RequestError::TooManyPending { pending: 2, max: 2 }));
+    assert!(h.out.is_empty(), "nothing stored or sent");
+    assert_eq!(h.store.jobs.len(), 2);
+}
+
+#[test]
+fn m10_invalid_spec_is_refused_naming_the_field() {
+    let mut h = H::new();
+    let mut s = spec();
+    s.engine = String::new();
+    let r = h.input(MillInput::Submit {
+        spec: s,
+        submitted_at_ms: 0,
+    });
+    match r {
+        Err(RequestError::Spec(e)) => assert_eq!(e.field(), "engine"),
+        other => panic!("{other:?}"),
+    }
+    assert!(h.out.is_empty());
+}
+
+#[test]
+fn m11_rank_by_worst_load_then_sum_then_node_id() {
+    let mut idx = RankIndex::default();
+    let none = BTreeSet::new();
+    let key = |n: &str, loads: &[f64]| ("shell".to_string(), RankKey::new(node(n), loads.iter()));
+    idx.upsert(&node("d"), &none, vec![key("d", &[0.5, 0.5])]);
+    idx.upsert(&node("c"), &none, vec![key("c", &[0.5, 0.1])]);
+    idx.upsert(&node("b"), &none, vec![key("b", &[0.9, 0.0])]);
+    idx.upsert(&node("a"), &none, vec![key("a", &[0.5, 0.1])]);
+    let mut out = Vec::new();
+    idx.top("shell", &none, 10, &mut out);
+    assert_eq!(out, vec![node("a"), node("c"), node("d"), node("b")]);
+    out.clear();
+    idx.top("shell", &none, 2, &mut out);
+    assert_eq!(out, vec![node("a"), node("c")]);
+    // Updating replaces the old key.
+    idx.upsert(&node("a"), &none, vec![key("a", &[0.95])]);
+    out.clear();
+    idx.top("shell", &none, 10, &mut out);
+    assert_eq!(out.last(), Some(&node("a")));
+    idx.remove(&node("a"));
+    out.clear();
+    idx.top("shell", &none, 10, &mut out);
+    assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn m11_candidates_hold_the_engine_and_every_label() {
+    let mut h = H::new();
+    let plain = h.ready("plain", 0.0);
+    let gpu = h.hello_as("gpu", 1, &["gpu", "linux"]);
+    h.snapshot(gpu, 0.9, &[]);
+    let mut s = spec();
+    s.labels = ["gpu".to_string()].into_iter().collect();
+    h.submit(s);
+    assert!(h.asks(plain).is_empty());
+    assert_eq!(h.asks(gpu).len(), 1);
+    let mut s = spec();
+    s.engine = "docker".into();
+    let job = h.submit(s);
+    assert!(h.asks(plain).is_empty() && h.asks(gpu).is_empty());
+    assert_eq!(h.mill.job_state(job), Some(JobState::Queued));
+}
+
+#[test]
+fn m12_bid_asks_top_k_in_parallel_and_the_best_acceptance_wins() {
+    let mut h = H::new();
+    let conns: Vec<ConnId> = (0..5)
+        .map(|i| h.ready(&format!("n{i}"), 0.1 * i as f64))
+        .collect();
+    let job = h.submit(spec());
+    let asked: Vec<usize> = (0..5).filter(|&i| !h.asks(conns[i]).is_empty()).collect();
+    assert_eq!(asked, vec![0, 1, 2], "the three least loaded");
+    let lease = |h: &H, i: usize| h.asks(conns[i])[0];
+    let (l0, l1, l2) = (lease(&h, 0), lease(&h, 1), lease(&h, 2));
+    assert!(l0 != l1 && l1 != l2, "fresh lease id per ask");
+    // n2 and n1 accept first; the best-ranked (n0) is still out, so no decision yet.
+    h.accept(conns[2], l2, charge(&[("jobs", 1)]));
+    h.accept(conns[1], l1, charge(&[("jobs", 1)]));
+    assert!(h.commits(conns[1]).is_empty());
+    h.accept(conns[0], l0, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(conns[0]), vec![l0]);
+    assert_eq!(h.releases(conns[1]), vec![l1]);
+    assert_eq!(h.releases(conns[2]), vec![l2]);
+    assert!(matches!(h.mill.job_state(job), Some(JobState::Reserved { lease, .. }) if lease == l0));
+}
+
+#[test]
+fn m12_best_ranked_acceptance_decides_without_waiting_for_worse_asks() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.5);
+    h.submit(spec());
+    let (la, lb) = (h.asks(a)[0], h.asks(b)[0]);
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![la]);
+    // b's late acceptance is released at once.
+    h.accept(b, lb, charge(&[("jobs", 1)]));
+    assert_eq!(h.releases(b), vec![lb]);
+}
+
+#[test]
+fn m12_a_failed_ask_lets_the_next_candidate_be_asked() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.5);
+    h.submit(spec());
+    let la = h.asks(a)[0];
+    assert!(h.asks(b).is_empty());
+    h.reject(a, la, RejectKind::Transient, "busy");
+    assert_eq!(h.asks(b).len(), 1);
+}
+
+#[test]
+fn m12_an_ask_unanswered_within_bid_timeout_fails_and_its_seat_is_released() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.5);
+    h.submit(spec());
+    let la = h.asks(a)[0];
+    h.advance(5 * SEC);
+    assert_eq!(h.releases(a), vec![la]);
+    assert_eq!(h.asks(b).len(), 1);
+}
+
+#[test]
+fn m13_every_answer_incompatible_fails_the_job_with_the_reasons() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.1);
+    let job = h.submit(spec());
+    let (la, lb) = (h.asks(a)[0], h.asks(b)[0]);
+    h.reject(a, la, RejectKind::Incompatible, "no such image");
+    h.reject(b, lb, RejectKind::Incompatible, "arm only");
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Failed);
+    let e = t.error.unwrap();
+    assert!(e.starts_with("no compatible executor"), "{e}");
+    assert!(e.contains("no such image") && e.contains("arm only"), "{e}");
+}
+
+#[test]
+fn m13_a_busy_fleet_makes_the_job_wait_and_retry_on_change_never_by_polling() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.1);
+    let job = h.submit(spec());
+    let (la, lb) = (h.asks(a)[0], h.asks(b)[0]);
+    h.reject(a, la, RejectKind::Incompatible, "nope");
+    h.reject(b, lb, RejectKind::Transient, "busy");
+    assert_eq!(h.mill.job_state(job), Some(JobState::Queued));
+    assert!(h.asks(a).is_empty() && h.asks(b).is_empty());
+    // Time alone does not retry it.
+    h.advance(SEC);
+    assert!(h.asks(a).is_empty() && h.asks(b).is_empty());
+    // A snapshot (a change) does.
+    h.snapshot(b, 0.2, &[]);
+    assert_eq!(h.asks(a).len() + h.asks(b).len(), 2);
+}
+
+#[test]
+fn m14_an_invalid_resource_claim_is_a_violation_and_the_bid_fails() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.5);
+    h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("cpu", 0)]));
+    assert!(h.violations()[0].contains("invalid resource claim"));
+    assert!(h.closed(a).is_some());
+    assert_eq!(h.asks(b).len(), 1, "the next candidate is asked");
+}
+
+fn quota_config(jobs_limit: u64) -> MillConfig {
+    MillConfig {
+        top_k: 1,
+        quota: QuotaConfig {
+            owner_defaults: charge(&[("jobs", jobs_limit)]),
+            ..QuotaConfig::default()
+        },
+        ..config()
+    }
+}
+
+#[test]
+fn m15_quota_denied_releases_the_seat_and_fails_the_job() {
+    let mut h = H::with(quota_config(1));
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 2)]));
+    assert_eq!(h.releases(a), vec![la]);
+    let t = h.terminal_of(job).unwrap();
+    assert!(t.error.unwrap().starts_with("quota denied"));
+}
+
+#[test]
+fn m15_quota_temporary_releases_the_seat_waits_and_rebids_when_granted() {
+    let mut h = H::with(quota_config(1));
+    let a = h.ready("a", 0.0);
+    let (first, first_lease) = h.run_on(a, spec());
+    let second = h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    assert_eq!(
+        h.releases(a),
+        vec![l2],
+        "no fleet capacity held while waiting"
+    );
+    assert!(h.rare(RarePath::QuotaWait));
+    assert_eq!(h.mill.job_state(second), Some(JobState::Queued));
+    // The first job ends: quota is granted to the second, which bids again.
+    h.events(
+        a,
+        1,
+        vec![(1, first_lease, terminal(TerminalStatus::Success))],
+    );
+    assert_eq!(
+        h.terminal_of(first).unwrap().status,
+        TerminalStatus::Success
+    );
+    let l3 = h.asks(a)[0];
+    h.accept(a, l3, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![l3]);
+    assert_eq!(
+        h.mill
+            .quota()
+            .usage(&crate::quota::Scope::Owner("acme".into())),
+        charge(&[("jobs", 1)])
+    );
+}
+
+#[test]
+fn m15_a_rebid_charging_other_resources_releases_both_and_retries() {
+    let mut h = H::with(quota_config(2));
+    let a = h.ready("a", 0.0);
+    let (_, first_lease) = h.run_on(a, spec());
+    let second = h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 2)])); // 1 + 2 > 2: wait
+    h.events(
+        a,
+        1,
+        vec![(1, first_lease, terminal(TerminalStatus::Success))],
+    );
+    let l3 = h.asks(a)[0];
+    h.accept(a, l3, charge(&[("jobs", 1)])); // a different charge than the quota holds
+    assert!(h.rare(RarePath::QuotaRebidChangedResources));
+    assert_eq!(h.releases(a), vec![l3]);
+    // It retries from scratch, and this time the charge fits.
+    let l4 = h.asks(a)[0];
+    h.accept(a, l4, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![l4]);
+    assert!(matches!(
+        h.mill.job_state(second),
+        Some(JobState::Reserved { .. })
+    ));
+}
+
+#[test]
+fn m16_the_lease_and_its_quota_are_persisted_before_the_commit_is_sent() {
+    let mut h = H::with(quota_config(5));
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    let persist_at = h
+        .out
+        .iter()
+        .position(|o| matches!(o, MillOutput::Persist(_)))
+        .unwrap();
+    let commit_at = h
+        .out
+        .iter()
+        .position(|o| {
+            matches!(
+                o,
+                MillOutput::Send {
+                    msg: ToExecutor::CommitLease { .. },
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert!(persist_at < commit_at);
+    let w = h.writes();
+    assert!(w.iter().any(|w| matches!(w, MillWrite::LeaseUpsert(r) if r.lease == la && r.state == LeaseState::Reserved && r.job == job)));
+    assert!(w
+        .iter()
+        .any(|w| matches!(w, MillWrite::QuotaHold { job: j, .. } if *j == job)));
+}
+
+#[test]
+fn m17_committed_persists_running() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    h.committed(a, la);
+    assert!(h
+        .writes()
+        .iter()
+        .any(|w| matches!(w, MillWrite::LeaseUpsert(r) if r.state == LeaseState::Running)));
+    assert_eq!(h.store.leases[&la].state, LeaseState::Running);
+}
+
+#[test]
+fn m17_an_unanswered_commit_is_resent_on_a_live_session() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    h.snapshot(a, 0.0, &[la]);
+    h.advance(5 * SEC);
+    assert_eq!(h.commits(a), vec![la]);
+    assert!(h.rare(RarePath::CommitResent));
+}
+
+#[test]
+fn m17_the_commit_waits_out_a_disconnect_and_goes_out_when_the_node_is_back() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    h.advance(10 * SEC);
+    let again = h.hello_as("a", 1, &[]);
+    assert!(h.commits(again).is_empty(), "not before reconcile");
+    h.snapshot(again, 0.0, &[la]);
+    assert_eq!(h.commits(again), vec![la]);
+    h.committed(again, la);
+    assert!(matches!(
+        h.mill.job_state(job),
+        Some(JobState::Running { .. })
+    ));
+}
+
+#[test]
+fn m17_not_committed_means_nothing_runs_and_the_job_is_placed_again() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let job = h.submit(spec());
+    let la = h.asks(a)[0];
+    h.accept(a, la, charge(&[("jobs", 1)]));
+    h.msg(
+        a,
+        ToMill::CommitResult {
+            lease: la,
+            committed: false,
+        },
+    );
+    assert!(h.writes().contains(&MillWrite::LeaseDelete { lease: la }));
+    assert!(h.updates().contains(&(job, JobState::Queued)));
+    assert_eq!(h.asks(a).len(), 1);
+}

@@ -1,0 +1,388 @@
+//! M1–M9, M28: sessions.
+
+use super::*;
+
+#[test]
+fn m1_welcome_carries_the_cursor_of_node_and_epoch() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (_, lease) = h.run_on(conn, spec());
+    h.events(conn, 1, vec![(1, lease, EventKind::Running)]);
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let again = h.hello_as("a", 1, &[]);
+    assert_eq!(
+        h.sent(again),
+        vec![ToExecutor::Welcome { cursor: Seqno(1) }]
+    );
+    let other_epoch = h.hello_as("b", 7, &[]);
+    assert_eq!(
+        h.sent(other_epoch),
+        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
+    );
+}
+
+#[test]
+fn m1_unsupported_version_is_refused() {
+    let mut h = H::new();
+    let conn = ConnId(99);
+    h.input(MillInput::Connected { conn }).unwrap();
+    h.msg(
+        conn,
+        ToMill::Hello {
+            protocol_version: 999,
+            node_id: "a".into(),
+            epoch: Epoch(1),
+            token: "secret".into(),
+            labels: vec![],
+            engines: vec![],
+        },
+    );
+    assert!(h.refused(conn).unwrap().contains("version 999"));
+    assert!(h.closed(conn).is_some());
+}
+
+#[test]
+fn m1_invalid_node_ids_are_refused() {
+    for bad in ["", "has space", "é", &"x".repeat(129)] {
+        let mut h = H::new();
+        let conn = h.hello_as(bad, 1, &[]);
+        let why = h.refused(conn).expect("refused");
+        assert!(why.contains("invalid node id"), "{bad:?}: {why}");
+        assert!(h.closed(conn).is_some());
+        assert_eq!(h.mill.sessions().count(), 0);
+    }
+}
+
+#[test]
+fn m1_wrong_token_is_refused() {
+    let mut h = H::new();
+    let conn = ConnId(5);
+    h.input(MillInput::Connected { conn }).unwrap();
+    h.msg(
+        conn,
+        ToMill::Hello {
+            protocol_version: crate::wire::PROTOCOL_VERSION,
+            node_id: "a".into(),
+            epoch: Epoch(1),
+            token: "guess".into(),
+            labels: vec![],
+            engines: vec![],
+        },
+    );
+    assert!(h.refused(conn).unwrap().contains("token not accepted"));
+    assert_eq!(h.mill.sessions().count(), 0);
+}
+
+#[test]
+fn m1_first_message_must_be_hello() {
+    let mut h = H::new();
+    let conn = ConnId(5);
+    h.input(MillInput::Connected { conn }).unwrap();
+    h.msg(conn, ToMill::CancelAck { lease: LeaseId(1) });
+    assert!(h.closed(conn).unwrap().contains("Hello"));
+}
+
+#[test]
+fn m1_connection_without_hello_is_closed_after_silence_timeout() {
+    let mut h = H::new();
+    let conn = ConnId(5);
+    h.input(MillInput::Connected { conn }).unwrap();
+    h.advance(16 * SEC);
+    assert!(h.closed(conn).unwrap().contains("no Hello"));
+}
+
+#[test]
+fn m2_second_hello_while_live_is_refused() {
+    let mut h = H::new();
+    let first = h.ready("a", 0.1);
+    let second = h.hello_as("a", 1, &[]);
+    assert!(h.refused(second).unwrap().contains("live session"));
+    assert!(h.closed(first).is_none());
+    // The first session still works.
+    h.submit(spec());
+    assert_eq!(h.asks(first).len(), 1);
+}
+
+#[test]
+fn m2_hello_after_silence_replaces_the_old_session() {
+    let mut h = H::new();
+    let first = h.ready("a", 0.1);
+    h.now = h.now.plus(15 * SEC); // silent, not yet closed by a tick
+    let second = h.hello_as("a", 1, &[]);
+    assert!(h.closed(first).unwrap().contains("replaced"));
+    assert_eq!(
+        h.sent(second),
+        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
+    );
+}
+
+#[test]
+fn m2_grace_deadline_carries_over_to_the_new_session() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, _) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(40 * SEC);
+    // Reconnects but never reconciles: the grace started at the disconnect still ends at 45 s.
+    let _again = h.hello_as("a", 1, &[]);
+    h.advance(6 * SEC);
+    let t = h.terminal_of(job).expect("failed at the carried deadline");
+    assert_eq!(t.error.as_deref(), Some("executor lost"));
+}
+
+#[test]
+fn m3_new_session_takes_no_work_before_its_snapshot() {
+    let mut h = H::new();
+    let conn = h.hello_as("a", 1, &[]);
+    let job = h.submit(spec());
+    assert!(h.asks(conn).is_empty());
+    assert_eq!(h.mill.job_state(job), Some(JobState::Queued));
+    h.snapshot(conn, 0.1, &[]);
+    assert_eq!(h.asks(conn).len(), 1);
+}
+
+#[test]
+fn m4_disconnect_keeps_leases_during_grace() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(44 * SEC);
+    assert!(h.terminal_of(job).is_none());
+    assert!(
+        matches!(h.mill.job_state(job), Some(JobState::Running { lease: l, .. }) if l == lease)
+    );
+}
+
+#[test]
+fn m5_grace_expiry_fails_every_lease_executor_lost() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (j1, _) = h.run_on(conn, spec());
+    let (j2, _) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(46 * SEC);
+    for job in [j1, j2] {
+        let t = h.terminal_of(job).unwrap();
+        assert_eq!(t.status, TerminalStatus::Failed);
+        assert_eq!(t.error.as_deref(), Some("executor lost"));
+    }
+    assert_eq!(h.mill.sessions().count(), 0, "the session is forgotten");
+    assert!(h.store.leases.is_empty());
+}
+
+#[test]
+fn m5_grace_expiry_with_a_pending_cancel_ends_cancelled() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, _) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.input(MillInput::Cancel {
+        job,
+        reason: "user said stop".into(),
+    })
+    .unwrap();
+    h.advance(46 * SEC);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Cancelled);
+    assert_eq!(t.error.as_deref(), Some("user said stop"));
+    assert!(h.rare(RarePath::GraceExpiredWithPendingCancel));
+}
+
+#[test]
+fn m6_events_applied_during_recovery_extend_grace() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(40 * SEC);
+    // Back, but without a snapshot the session is still recovering.
+    let again = h.hello_as("a", 1, &[]);
+    h.events(again, 1, vec![(1, lease, EventKind::Running)]);
+    h.advance(10 * SEC); // past the original deadline
+    assert!(h.terminal_of(job).is_none(), "grace was extended");
+    h.advance(36 * SEC); // 40 + 46 from the event
+    assert_eq!(
+        h.terminal_of(job).unwrap().error.as_deref(),
+        Some("executor lost")
+    );
+}
+
+#[test]
+fn m7_snapshot_seqno_regression_is_a_violation() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    h.msg(
+        conn,
+        ToMill::Snapshot {
+            seqno: 1,
+            engines: engines(true, 0.1),
+            active_leases: vec![],
+        },
+    );
+    assert!(h.violations()[0].contains("M7"));
+    assert!(h.closed(conn).is_some());
+}
+
+#[test]
+fn m7_snapshot_with_load_outside_zero_to_one_is_a_violation() {
+    let mut h = H::new();
+    let conn = h.hello_as("a", 1, &[]);
+    h.snapshot_with(conn, engines(true, 1.5), &[]);
+    assert_eq!(h.violations().len(), 1);
+    let b = h.hello_as("b", 1, &[]);
+    h.snapshot_with(b, engines(true, f64::NAN), &[]);
+    assert_eq!(h.violations().len(), 1);
+}
+
+#[test]
+fn m8_reconcile_claims_reported_fails_missing_running_and_releases_missing_reserved() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (kept, kept_lease) = h.run_on(conn, spec());
+    let (lost, _) = h.run_on(conn, spec());
+    // A third job reserved but not committed when the connection drops.
+    let requeued = h.submit(spec());
+    let ask = h.asks(conn)[0];
+    h.accept(conn, ask, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(conn), vec![ask]);
+    h.input(MillInput::Disconnected { conn }).unwrap();
+
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot(again, 0.1, &[kept_lease]);
+    assert!(h.terminal_of(kept).is_none());
+    let t = h.terminal_of(lost).unwrap();
+    assert_eq!(t.error.as_deref(), Some("executor no longer has the job"));
+    assert!(h.updates().contains(&(requeued, JobState::Queued)));
+    // The re-queued job is bid again on the reconciled node.
+    assert_eq!(h.asks(again).len(), 1);
+}
+
+#[test]
+fn m8_reported_unknown_lease_gets_an_untracked_cancel_and_no_ack_closes_the_session() {
+    let mut h = H::new();
+    let conn = h.hello_as("a", 1, &[]);
+    h.snapshot(conn, 0.1, &[LeaseId(777)]);
+    assert_eq!(h.cancels(conn), vec![LeaseId(777)]);
+    assert!(h.rare(RarePath::UntrackedCancel));
+    h.submit(spec());
+    assert!(h.asks(conn).is_empty(), "pending cancel blocks work (M27)");
+    h.msg(
+        conn,
+        ToMill::Snapshot {
+            seqno: 2,
+            engines: engines(true, 0.1),
+            active_leases: vec![],
+        },
+    );
+    h.advance(11 * SEC);
+    assert!(h.closed(conn).unwrap().contains("not acked"));
+}
+
+#[test]
+fn m8_untracked_cancel_acked_makes_the_node_ready() {
+    let mut h = H::new();
+    let conn = h.hello_as("a", 1, &[]);
+    h.snapshot(conn, 0.1, &[LeaseId(777)]);
+    h.submit(spec());
+    h.msg(
+        conn,
+        ToMill::CancelAck {
+            lease: LeaseId(777),
+        },
+    );
+    assert_eq!(h.asks(conn).len(), 1);
+}
+
+#[test]
+fn m9_silent_session_is_closed_and_enters_grace() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, _) = h.run_on(conn, spec());
+    h.advance(14 * SEC);
+    assert!(h.closed(conn).is_none());
+    h.advance(2 * SEC);
+    assert!(h.closed(conn).unwrap().contains("silent"));
+    assert!(h.terminal_of(job).is_none(), "grace, not failure");
+}
+
+#[test]
+fn m9_messages_keep_a_session_alive() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    for _ in 0..10 {
+        h.advance(5 * SEC);
+        h.snapshot(conn, 0.1, &[]);
+    }
+    assert!(h.closed(conn).is_none());
+}
+
+#[test]
+fn m28_violations_in_a_row_quarantine_the_node_and_fail_its_leases() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, _) = h.run_on(conn, spec());
+    for strike in 1..=3 {
+        let c = if strike == 1 {
+            conn
+        } else {
+            h.hello_as("a", 1, &[])
+        };
+        h.events(c, 2, vec![]); // wrong epoch
+        assert!(h.closed(c).is_some());
+    }
+    assert!(h.mill.quarantined().contains(&node("a")));
+    assert!(h.store.quarantined.contains(&node("a")));
+    let t = h.terminal_of(job).unwrap();
+    assert!(t.error.unwrap().contains("quarantined"));
+    let c = h.hello_as("a", 1, &[]);
+    assert!(h.refused(c).unwrap().contains("quarantined"));
+}
+
+#[test]
+fn m28_a_clean_session_end_resets_the_strikes() {
+    let mut h = H::new();
+    for _ in 0..5 {
+        let c = h.hello_as("a", 1, &[]);
+        h.events(c, 2, vec![]);
+        let c = h.hello_as("a", 1, &[]);
+        h.input(MillInput::Disconnected { conn: c }).unwrap();
+    }
+    assert!(h.mill.quarantined().is_empty());
+}
+
+#[test]
+fn m28_lifting_quarantine_lets_the_node_back() {
+    let mut h = H::with(MillConfig {
+        quarantine_strikes: 1,
+        ..config()
+    });
+    let c = h.hello_as("a", 1, &[]);
+    h.events(c, 2, vec![]);
+    assert!(h.mill.quarantined().contains(&node("a")));
+    assert_eq!(
+        h.input(MillInput::LiftQuarantine { node: node("b") }),
+        Err(RequestError::NotQuarantined { node: node("b") })
+    );
+    h.input(MillInput::LiftQuarantine { node: node("a") })
+        .unwrap();
+    assert!(h.writes().contains(&MillWrite::Quarantine {
+        node: node("a"),
+        quarantined: false
+    }));
+    let c = h.hello_as("a", 1, &[]);
+    assert_eq!(h.sent(c), vec![ToExecutor::Welcome { cursor: Seqno(0) }]);
+}
+
+#[test]
+fn m28_quarantined_node_gets_no_work() {
+    let mut h = H::with(MillConfig {
+        quarantine_strikes: 1,
+        ..config()
+    });
+    let bad = h.ready("bad", 0.0);
+    let good = h.ready("good", 0.9);
+    h.events(bad, 9, vec![]);
+    h.submit(spec());
+    assert_eq!(h.asks(good).len(), 1);
+}
