@@ -450,7 +450,7 @@ impl Mill {
 
     /// Jobs waiting for placement (queued, bidding or waiting for quota) (M10).
     pub fn pending(&self) -> usize {
-        self.jobs.len() - self.leases.len()
+        self.jobs.len().saturating_sub(self.leases.len())
     }
 
     /// Read-only view of every lease: (lease, job, node, epoch, state, charge).

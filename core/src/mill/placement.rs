@@ -179,10 +179,11 @@ impl Mill {
             for (engine, status) in engines {
                 let held = s.held.get(engine).copied().unwrap_or(0);
                 if status.available && held < status.capacity {
-                    keys.push((
-                        engine.clone(),
-                        RankKey::new(node.clone(), status.load.values()),
-                    ));
+                    // Seats the mill holds there since the snapshot count as load too, so
+                    // that a burst of placements spreads instead of piling on one node.
+                    let seats = f64::from(held) / f64::from(status.capacity);
+                    let load = status.load.values().chain(std::iter::once(&seats));
+                    keys.push((engine.clone(), RankKey::new(node.clone(), load)));
                 }
             }
         }

@@ -403,9 +403,21 @@ impl Mill {
             .unwrap_or_default();
         if recovered {
             for id in leases {
-                if self.leases.get(&id).is_some_and(|l| l.epoch != epoch) {
-                    self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
-                    self.fail_lease(id, "executor lost (its store was replaced)".into());
+                let Some(l) = self.leases.get(&id) else {
+                    continue;
+                };
+                if l.epoch == epoch {
+                    continue;
+                }
+                let state = l.state;
+                self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
+                match state {
+                    super::LeaseState::Running => {
+                        self.fail_lease(id, "executor lost (its store was replaced)".into())
+                    }
+                    // Never committed: nothing of it can have run past the old process's
+                    // self-fencing, so it is placed again.
+                    super::LeaseState::Reserved => self.end_lease(id, None),
                 }
             }
             if let Some(s) = self.sessions.get_mut(&node) {

@@ -386,3 +386,32 @@ fn m28_quarantined_node_gets_no_work() {
     h.submit(spec());
     assert_eq!(h.asks(good).len(), 1);
 }
+
+#[test]
+fn m5_a_node_back_with_a_wiped_store_takes_work_and_its_old_leases_fail_after_grace() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (old_job, _) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(5 * SEC);
+    let wiped = h.hello_as("a", 2, &[]);
+    assert_eq!(
+        h.sent(wiped),
+        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
+    );
+    h.snapshot(wiped, 0.1, &[]);
+    assert!(
+        h.terminal_of(old_job).is_none(),
+        "the old process may still run it"
+    );
+    let (new_job, _) = h.run_on(wiped, spec());
+    h.keep_alive(wiped, 41 * SEC, &[]);
+    let t = h.terminal_of(old_job).expect("failed once grace ran out");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert!(t.error.unwrap().starts_with("executor lost"));
+    assert!(h.rare(RarePath::OldEpochLeaseFailed));
+    assert!(matches!(
+        h.mill.job_state(new_job),
+        Some(JobState::Running { .. })
+    ));
+}
