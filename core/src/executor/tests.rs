@@ -1,1 +1,1357 @@
+//! Executor rules E1–E12, one behaviour per test, asserting outputs.
+//!
+//! The harness keeps its own store, built only from `Persist` outputs, and checks after every
+//! step that (a) every event sent was persisted by an earlier output and (b) the store equals
+//! what the executor believes is durable.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::*;
+use crate::job::{Identity, JobSpec, LogRef, TerminalStatus};
+use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
+use crate::wire::{Event, EventKind, RejectKind, ToExecutor, ToMill};
+
+const EPOCH: Epoch = Epoch(7);
+const L1: LeaseId = LeaseId(1);
+const L2: LeaseId = LeaseId(2);
+const L3: LeaseId = LeaseId(3);
+
+fn config() -> ExecutorConfig {
+    let mut c = ExecutorConfig::new(NodeId::new("exec-1").unwrap(), "secret-token");
+    c.labels = BTreeSet::from(["linux".to_string()]);
+    c.engines = BTreeMap::from([
+        (
+            "shell".to_string(),
+            EngineConfig {
+                capacity: 1,
+                resources: Resources::from([("cpu_millis".to_string(), 4000)]),
+            },
+        ),
+        ("docker".to_string(), EngineConfig::seats(2)),
+    ]);
+    c.backoff_seed = 42;
+    c
+}
+
+fn spec(engine: &str) -> JobSpec {
+    JobSpec {
+        engine: engine.into(),
+        labels: BTreeSet::from(["linux".to_string()]),
+        resources: Resources::from([("cpu_millis".to_string(), 1000)]),
+        identity: Identity {
+            owner: "acme".into(),
+            repo: "acme/app".into(),
+        },
+        timeout: None,
+        payload: b"make test".to_vec(),
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// One output, named; exhaustive over outputs and messages so a new variant fails here.
+fn name(o: &ExecutorOutput) -> String {
+    match o {
+        ExecutorOutput::Connect => "connect".into(),
+        ExecutorOutput::Send { msg, .. } => format!("send:{}", msg_name(msg)),
+        ExecutorOutput::Close { .. } => "close".into(),
+        ExecutorOutput::Persist(_) => "persist".into(),
+        ExecutorOutput::StartJob { .. } => "start".into(),
+        ExecutorOutput::StopJob { .. } => "stop".into(),
+    }
+}
+
+fn msg_name(m: &ToMill) -> &'static str {
+    match m {
+        ToMill::Hello { .. } => "Hello",
+        ToMill::Snapshot { .. } => "Snapshot",
+        ToMill::ReserveResult { .. } => "ReserveResult",
+        ToMill::CommitResult { .. } => "CommitResult",
+        ToMill::EventBatch { .. } => "EventBatch",
+        ToMill::CancelAck { .. } => "CancelAck",
+        ToMill::LiveLog { .. } => "LiveLog",
+    }
+}
+
+fn names(outs: &[ExecutorOutput]) -> Vec<String> {
+    outs.iter().map(name).collect()
+}
+
+fn sent(outs: &[ExecutorOutput]) -> Vec<ToMill> {
+    outs.iter()
+        .filter_map(|o| match o {
+            ExecutorOutput::Send { msg, .. } => Some(msg.clone()),
+            ExecutorOutput::Connect
+            | ExecutorOutput::Close { .. }
+            | ExecutorOutput::Persist(_)
+            | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::StopJob { .. } => None,
+        })
+        .collect()
+}
+
+fn writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
+    outs.iter()
+        .filter_map(|o| match o {
+            ExecutorOutput::Persist(b) => Some(b.writes.clone()),
+            ExecutorOutput::Connect
+            | ExecutorOutput::Send { .. }
+            | ExecutorOutput::Close { .. }
+            | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::StopJob { .. } => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn batches(outs: &[ExecutorOutput]) -> Vec<Vec<Event>> {
+    sent(outs)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToMill::EventBatch { events, .. } => Some(events),
+            _ => None,
+        })
+        .collect()
+}
+
+fn snapshots(outs: &[ExecutorOutput]) -> Vec<(u64, BTreeMap<String, bool>, Vec<LeaseId>)> {
+    sent(outs)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToMill::Snapshot {
+                seqno,
+                engines,
+                active_leases,
+            } => Some((
+                seqno,
+                engines
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.available))
+                    .collect(),
+                active_leases,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reserve_result(outs: &[ExecutorOutput]) -> (bool, Option<RejectKind>, String, Resources) {
+    let found = sent(outs).into_iter().find_map(|m| match m {
+        ToMill::ReserveResult {
+            accepted,
+            reject,
+            reason,
+            resources,
+            ..
+        } => Some((accepted, reject, reason, resources)),
+        _ => None,
+    });
+    found.expect("a ReserveResult")
+}
+
+fn terminal(status: TerminalStatus, error: Option<&str>) -> EventKind {
+    EventKind::Terminal {
+        status,
+        exit_code: None,
+        error: error.map(str::to_string),
+        log: None,
+    }
+}
+
+struct Harness {
+    exec: Executor,
+    config: ExecutorConfig,
+    now: Time,
+    store: ExecutorSnapshot,
+    conn: Option<ConnId>,
+    conns: u64,
+}
+
+impl Harness {
+    fn new(config: ExecutorConfig) -> (Self, Vec<ExecutorOutput>) {
+        Self::with_store(
+            config,
+            ExecutorSnapshot::fresh(EPOCH),
+            Time::from_micros(1_000_000),
+        )
+    }
+
+    fn with_store(
+        config: ExecutorConfig,
+        store: ExecutorSnapshot,
+        now: Time,
+    ) -> (Self, Vec<ExecutorOutput>) {
+        let exec = Executor::try_new(config.clone(), store.clone(), now).unwrap();
+        let mut h = Harness {
+            exec,
+            config,
+            now,
+            store,
+            conn: None,
+            conns: 0,
+        };
+        let outs = h.drain();
+        (h, outs)
+    }
+
+    /// A welcomed executor with cursor 0 and the startup outputs drained.
+    fn ready(config: ExecutorConfig) -> Self {
+        let (mut h, outs) = Self::new(config);
+        assert_eq!(names(&outs), ["connect"]);
+        h.connect(Seqno(0));
+        h
+    }
+
+    /// Crash and restart on what was persisted.
+    fn restart(&mut self, advance: Duration) -> Vec<ExecutorOutput> {
+        self.now = self.now.plus(advance);
+        self.exec = Executor::try_new(self.config.clone(), self.store.clone(), self.now).unwrap();
+        self.conn = None;
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Vec<ExecutorOutput> {
+        let mut outs = Vec::new();
+        while let Some(o) = self.exec.poll_output() {
+            match &o {
+                ExecutorOutput::Persist(batch) => self.store.apply(batch),
+                ExecutorOutput::Send {
+                    msg: ToMill::EventBatch { epoch, events },
+                    ..
+                } => {
+                    assert_eq!(*epoch, self.store.epoch);
+                    for e in events {
+                        assert!(
+                            self.store.outbox.contains(e),
+                            "sent before persisted: {e:?}"
+                        );
+                    }
+                }
+                ExecutorOutput::Send { .. }
+                | ExecutorOutput::Connect
+                | ExecutorOutput::Close { .. }
+                | ExecutorOutput::StartJob { .. }
+                | ExecutorOutput::StopJob { .. } => {}
+            }
+            outs.push(o);
+        }
+        assert_eq!(
+            &self.store,
+            self.exec.durable(),
+            "store drifted from durable"
+        );
+        outs
+    }
+
+    fn feed(&mut self, input: ExecutorInput) -> Vec<ExecutorOutput> {
+        self.exec.handle(self.now, input);
+        self.drain()
+    }
+
+    fn advance(&mut self, d: Duration) -> Vec<ExecutorOutput> {
+        self.now = self.now.plus(d);
+        self.feed(ExecutorInput::Tick)
+    }
+
+    /// Answers a pending `Connect` and welcomes the session with `cursor`.
+    fn connect(&mut self, cursor: Seqno) -> Vec<ExecutorOutput> {
+        self.conns += 1;
+        let conn = ConnId(self.conns);
+        let outs = self.feed(ExecutorInput::Connected { conn });
+        match sent(&outs).as_slice() {
+            [ToMill::Hello {
+                node_id,
+                epoch,
+                token,
+                ..
+            }] => {
+                assert_eq!(node_id, "exec-1");
+                assert_eq!(*epoch, self.store.epoch);
+                assert_eq!(token, "secret-token");
+            }
+            other => panic!("expected Hello, got {other:?}"),
+        }
+        self.conn = Some(conn);
+        self.mill(ToExecutor::Welcome { cursor })
+    }
+
+    fn mill(&mut self, msg: ToExecutor) -> Vec<ExecutorOutput> {
+        let conn = self.conn.expect("connected");
+        self.feed(ExecutorInput::Message { conn, msg })
+    }
+
+    fn disconnect(&mut self) -> Vec<ExecutorOutput> {
+        let conn = self.conn.take().expect("connected");
+        self.feed(ExecutorInput::Disconnected { conn })
+    }
+
+    /// Advances to the next deadline and ticks; returns the gap and the outputs.
+    fn until_deadline(&mut self) -> (Duration, Vec<ExecutorOutput>) {
+        let deadline = self.exec.next_deadline().expect("a deadline");
+        let gap = deadline.since(self.now);
+        self.now = self.now.max(deadline);
+        (gap, self.feed(ExecutorInput::Tick))
+    }
+
+    fn reserve(&mut self, lease: LeaseId, spec: JobSpec) -> Vec<ExecutorOutput> {
+        self.mill(ToExecutor::ReserveSeat {
+            lease,
+            job: JobId(lease.get() + 100),
+            spec,
+            ttl: secs(45),
+        })
+    }
+
+    fn commit(&mut self, lease: LeaseId) -> Vec<ExecutorOutput> {
+        let secrets = BTreeMap::from([("TOKEN".to_string(), "hunter2".to_string())]);
+        self.mill(ToExecutor::CommitLease { lease, secrets })
+    }
+
+    /// Reserve, commit and report the engine started: a running job.
+    fn run(&mut self, lease: LeaseId, engine: &str) {
+        let (accepted, ..) = reserve_result(&self.reserve(lease, spec(engine)));
+        assert!(accepted);
+        self.commit(lease);
+        self.feed(ExecutorInput::JobStarted { lease });
+    }
+
+    fn exited(&mut self, lease: LeaseId, status: TerminalStatus) -> Vec<ExecutorOutput> {
+        self.feed(ExecutorInput::JobExited {
+            lease,
+            status,
+            exit_code: None,
+            error: None,
+            log: None,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------- E1
+
+#[test]
+fn e1_fresh_store_has_the_given_epoch_and_restart_keeps_it() {
+    let mut h = Harness::ready(config());
+    assert_eq!(h.exec.epoch(), EPOCH);
+    h.run(L1, "shell");
+    let outs = h.restart(secs(3));
+    assert_eq!(h.exec.epoch(), EPOCH, "restart keeps the epoch");
+    assert_eq!(names(&outs), ["persist", "connect"]);
+    h.connect(Seqno(0)); // Hello asserts the epoch
+
+    let (wiped, _) = Harness::with_store(config(), ExecutorSnapshot::fresh(Epoch(8)), Time::ZERO);
+    assert_eq!(wiped.exec.epoch(), Epoch(8), "a wiped store is a new epoch");
+    assert_eq!(wiped.exec.durable().next_seqno, Seqno(1));
+}
+
+// ---------------------------------------------------------------------------------------- E2
+
+#[test]
+fn e2_reserve_accepts_a_free_seat_and_names_the_charge() {
+    let mut h = Harness::ready(config());
+    let outs = h.reserve(L1, spec("shell"));
+    let (accepted, reject, _, resources) = reserve_result(&outs);
+    assert!(accepted);
+    assert_eq!(reject, None);
+    let charge = Resources::from([("cpu_millis".to_string(), 1000), ("jobs".to_string(), 1)]);
+    assert_eq!(resources, charge);
+    assert_eq!(h.exec.reserved_leases().collect::<Vec<_>>(), [L1]);
+}
+
+#[test]
+fn e2_reserve_rejects_transient_when_full() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    let (accepted, reject, reason, resources) = reserve_result(&h.reserve(L2, spec("shell")));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Transient));
+    assert!(reason.contains("busy"), "{reason}");
+    assert!(resources.is_empty());
+
+    // A free seat but not enough of a declared resource left is transient too.
+    let mut c = config();
+    c.engines.insert(
+        "shell".into(),
+        EngineConfig {
+            capacity: 2,
+            resources: Resources::from([("cpu_millis".to_string(), 1500)]),
+        },
+    );
+    let mut h = Harness::ready(c);
+    h.reserve(L1, spec("shell"));
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve(L2, spec("shell")));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Transient));
+    assert!(reason.contains("cpu_millis"), "{reason}");
+}
+
+#[test]
+fn e2_reserve_rejects_incompatible_engine_or_labels() {
+    let mut h = Harness::ready(config());
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve(L1, spec("podman")));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert!(reason.contains("podman"), "{reason}");
+
+    let mut needs_gpu = spec("shell");
+    needs_gpu.labels.insert("gpu".into());
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve(L2, needs_gpu));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert!(reason.contains("gpu"), "{reason}");
+
+    let mut too_big = spec("shell");
+    too_big.resources.insert("cpu_millis".into(), 8000);
+    let (_, reject, reason, _) = reserve_result(&h.reserve(L3, too_big));
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert!(reason.contains("4000"), "{reason}");
+
+    // Incompatible wins over busy: it is the lasting answer.
+    h.reserve(LeaseId(4), spec("shell"));
+    let (_, reject, _, _) = reserve_result(&h.reserve(LeaseId(5), spec("podman")));
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert_eq!(h.exec.reserved_leases().collect::<Vec<_>>(), [LeaseId(4)]);
+}
+
+#[test]
+fn e2_reserve_rejects_transient_when_draining() {
+    let mut h = Harness::ready(config());
+    let outs = h.feed(ExecutorInput::Drain);
+    let snaps = snapshots(&outs);
+    assert_eq!(snaps.len(), 1, "availability changed: {:?}", names(&outs));
+    assert!(snaps[0].1.values().all(|a| !a), "draining is unavailable");
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve(L1, spec("docker")));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Transient));
+    assert!(reason.contains("draining"), "{reason}");
+    assert!(h.exec.is_drained());
+}
+
+#[test]
+fn e2_repeated_reserve_is_idempotent_and_a_conflicting_one_is_refused() {
+    let mut h = Harness::ready(config());
+    let first = reserve_result(&h.reserve(L1, spec("docker")));
+    let again = reserve_result(&h.reserve(L1, spec("docker")));
+    assert_eq!(first, again);
+    let conflicting = h.mill(ToExecutor::ReserveSeat {
+        lease: L1,
+        job: JobId(999),
+        spec: spec("docker"),
+        ttl: secs(45),
+    });
+    let (accepted, reject, _, _) = reserve_result(&conflicting);
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert_eq!(h.exec.reserved_leases().count(), 1);
+}
+
+// ---------------------------------------------------------------------------------------- E3
+
+#[test]
+fn e3_uncommitted_reservation_frees_itself_after_ttl() {
+    let mut h = Harness::ready(config());
+    let outs = h.mill(ToExecutor::ReserveSeat {
+        lease: L1,
+        job: JobId(1),
+        spec: spec("shell"),
+        ttl: secs(2),
+    });
+    assert!(reserve_result(&outs).0);
+    assert_eq!(h.exec.next_deadline(), Some(h.now.plus(secs(2))));
+    let (gap, outs) = h.until_deadline();
+    assert_eq!(gap, secs(2));
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+    // The seat came back: availability changed, so a snapshot says so.
+    let snaps = snapshots(&outs);
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].1.get("shell"), Some(&true));
+    assert!(snaps[0].2.is_empty());
+    assert!(reserve_result(&h.reserve(L2, spec("shell"))).0);
+    // A late commit for the expired lease starts nothing.
+    let outs = h.commit(L1);
+    assert_eq!(names(&outs), ["send:CommitResult"]);
+}
+
+#[test]
+fn e3_ttl_is_capped_by_reconnect_grace() {
+    let mut h = Harness::ready(config());
+    h.mill(ToExecutor::ReserveSeat {
+        lease: L1,
+        job: JobId(1),
+        spec: spec("docker"),
+        ttl: secs(3600),
+    });
+    h.advance(secs(44));
+    assert_eq!(h.exec.reserved_leases().count(), 1);
+    h.advance(secs(1));
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------- E4
+
+#[test]
+fn e4_commit_starts_the_job_once() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    let outs = h.commit(L1);
+    assert_eq!(
+        names(&outs),
+        ["persist", "start", "send:CommitResult"],
+        "the job is durable before it starts and before the mill hears committed"
+    );
+    assert_eq!(
+        writes(&outs),
+        [ExecutorWrite::JobCommitted {
+            lease: L1,
+            job: StoredJob {
+                job: JobId(101),
+                engine: "shell".into(),
+                resources: Resources::from([
+                    ("cpu_millis".to_string(), 1000),
+                    ("jobs".to_string(), 1)
+                ]),
+            },
+        }]
+    );
+    match &outs[1] {
+        ExecutorOutput::StartJob {
+            lease,
+            job,
+            spec: s,
+            secrets,
+        } => {
+            assert_eq!((*lease, *job), (L1, JobId(101)));
+            assert_eq!(*s, spec("shell"));
+            assert_eq!(secrets.get("TOKEN").map(String::as_str), Some("hunter2"));
+        }
+        other => panic!("expected StartJob, got {other:?}"),
+    }
+    assert_eq!(
+        sent(&outs),
+        [ToMill::CommitResult {
+            lease: L1,
+            committed: true
+        }]
+    );
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
+}
+
+#[test]
+fn e4_repeat_commit_starts_nothing() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let committed = vec![ToMill::CommitResult {
+        lease: L1,
+        committed: true,
+    }];
+    let outs = h.commit(L1);
+    assert_eq!(names(&outs), ["send:CommitResult"]);
+    assert_eq!(sent(&outs), committed);
+    // Finished but the terminal is not acked yet: still committed, still no start.
+    h.exited(L1, TerminalStatus::Success);
+    let outs = h.commit(L1);
+    assert_eq!(sent(&outs), committed);
+    assert_eq!(names(&outs), ["send:CommitResult"]);
+}
+
+#[test]
+fn e4_unknown_lease_is_not_committed() {
+    let mut h = Harness::ready(config());
+    let outs = h.commit(LeaseId(77));
+    assert_eq!(
+        sent(&outs),
+        [ToMill::CommitResult {
+            lease: LeaseId(77),
+            committed: false
+        }]
+    );
+    assert_eq!(names(&outs), ["send:CommitResult"]);
+}
+
+// ---------------------------------------------------------------------------------------- E5
+
+#[test]
+fn e5_events_are_persisted_before_sent_and_trimmed_on_ack() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    h.commit(L1);
+    let outs = h.feed(ExecutorInput::JobStarted { lease: L1 });
+    assert_eq!(names(&outs), ["persist", "send:EventBatch"]);
+    let running = Event {
+        seqno: Seqno(1),
+        lease: L1,
+        kind: EventKind::Running,
+    };
+    assert_eq!(writes(&outs), [ExecutorWrite::Append(running.clone())]);
+    assert_eq!(batches(&outs), [vec![running]]);
+
+    let log = LogRef {
+        path: LogRef::path_for(L1),
+        hash: format!("sha256:{}", "0f".repeat(32)),
+    };
+    let outs = h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Failed,
+        exit_code: Some(2),
+        error: Some("make: *** [test] Error 2".into()),
+        log: Some(log.clone()),
+    });
+    // Terminal and the job's end in one batch, then the event, then the freed seat.
+    assert_eq!(
+        names(&outs),
+        ["persist", "send:EventBatch", "send:Snapshot"]
+    );
+    let done = Event {
+        seqno: Seqno(2),
+        lease: L1,
+        kind: EventKind::Terminal {
+            status: TerminalStatus::Failed,
+            exit_code: Some(2),
+            error: Some("make: *** [test] Error 2".into()),
+            log: Some(log),
+        },
+    };
+    assert_eq!(
+        writes(&outs),
+        [
+            ExecutorWrite::Append(done.clone()),
+            ExecutorWrite::JobEnded { lease: L1 }
+        ]
+    );
+    assert_eq!(batches(&outs), [vec![done]]);
+    assert_eq!(h.store.outbox.len(), 2);
+
+    let outs = h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(1),
+    });
+    assert_eq!(writes(&outs), [ExecutorWrite::Trim { up_to: Seqno(1) }]);
+    assert_eq!(h.store.outbox.len(), 1);
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    assert!(h.store.outbox.is_empty());
+    // A repeated ack changes nothing and writes nothing.
+    let outs = h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    assert!(outs.is_empty(), "{:?}", names(&outs));
+}
+
+#[test]
+fn e5_ack_beyond_what_was_sent_or_for_another_epoch_trims_nothing() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let outs = h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(5),
+    });
+    assert_eq!(names(&outs), ["close"]);
+    assert_eq!(h.store.outbox.len(), 1);
+    assert!(!h.exec.is_ready());
+
+    let (_, outs) = h.until_deadline();
+    assert_eq!(names(&outs), ["connect"]);
+    h.connect(Seqno(0));
+    let outs = h.mill(ToExecutor::Ack {
+        epoch: Epoch(99),
+        up_to: Seqno(1),
+    });
+    assert_eq!(names(&outs), ["close"]);
+    assert_eq!(h.store.outbox.len(), 1);
+}
+
+#[test]
+fn e5_invalid_log_reference_is_left_out() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let outs = h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Success,
+        exit_code: Some(0),
+        error: None,
+        log: Some(LogRef {
+            path: "logs/../../etc/passwd".into(),
+            hash: "sha256:nope".into(),
+        }),
+    });
+    let kinds: Vec<EventKind> = batches(&outs)
+        .concat()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [EventKind::Terminal {
+            status: TerminalStatus::Success,
+            exit_code: Some(0),
+            error: None,
+            log: None,
+        }]
+    );
+}
+
+// ---------------------------------------------------------------------------------------- E6
+
+#[test]
+fn e6_reconnect_resends_outbox_above_cursor() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.disconnect();
+    // While disconnected: events are persisted, nothing is sent.
+    let outs = h.exited(L1, TerminalStatus::Success);
+    assert_eq!(names(&outs), ["persist"]);
+    let (_, outs) = h.until_deadline();
+    assert_eq!(names(&outs), ["connect"]);
+
+    // The mill had applied s1 before the link broke.
+    let outs = h.connect(Seqno(1));
+    assert_eq!(
+        names(&outs),
+        ["persist", "send:Snapshot", "send:EventBatch"]
+    );
+    assert_eq!(writes(&outs), [ExecutorWrite::Trim { up_to: Seqno(1) }]);
+    let snaps = snapshots(&outs);
+    assert_eq!(
+        snaps[0].2,
+        [L1],
+        "a finished lease whose terminal is unacked is still reported (M8 before resend)"
+    );
+    assert_eq!(
+        batches(&outs),
+        [vec![Event {
+            seqno: Seqno(2),
+            lease: L1,
+            kind: terminal(TerminalStatus::Success, None),
+        }]]
+    );
+}
+
+#[test]
+fn e6_messages_before_welcome_close_the_connection() {
+    let (mut h, _) = Harness::new(config());
+    let outs = h.feed(ExecutorInput::Connected { conn: ConnId(1) });
+    assert_eq!(names(&outs), ["send:Hello"]);
+    h.conn = Some(ConnId(1));
+    let outs = h.reserve(L1, spec("shell"));
+    assert_eq!(names(&outs), ["close"], "no seat is taken before Welcome");
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+    // Welcome on the dead connection changes nothing.
+    let outs = h.mill(ToExecutor::Welcome { cursor: Seqno(0) });
+    assert!(outs.is_empty());
+    assert!(!h.exec.is_ready());
+}
+
+#[test]
+fn e6_refused_closes_and_backs_off() {
+    let (mut h, _) = Harness::new(config());
+    h.feed(ExecutorInput::Connected { conn: ConnId(1) });
+    h.conn = Some(ConnId(1));
+    let outs = h.mill(ToExecutor::Refused {
+        reason: "quarantined".into(),
+    });
+    match outs.as_slice() {
+        [ExecutorOutput::Close { conn, reason }] => {
+            assert_eq!(*conn, ConnId(1));
+            assert!(reason.contains("quarantined"), "{reason}");
+        }
+        other => panic!("expected Close, got {other:?}"),
+    }
+    let (gap, outs) = h.until_deadline();
+    assert!(gap >= Duration::from_millis(50) && gap <= Duration::from_millis(100));
+    assert_eq!(names(&outs), ["connect"]);
+}
+
+#[test]
+fn e6_welcome_cursor_beyond_the_outbox_is_refused_without_trimming() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.disconnect();
+    h.until_deadline();
+    let outs = h.connect(Seqno(9));
+    assert_eq!(names(&outs), ["close"]);
+    assert_eq!(h.store.outbox.len(), 1, "nothing unsent is trimmed");
+    assert!(!h.exec.is_ready());
+}
+
+// ---------------------------------------------------------------------------------------- E7
+
+#[test]
+fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "cancelled by alice".into(),
+    });
+    assert_eq!(
+        outs,
+        [
+            ExecutorOutput::StopJob {
+                lease: L1,
+                grace: DEFAULT_STOP_GRACE
+            },
+            ExecutorOutput::Send {
+                conn: ConnId(1),
+                msg: ToMill::CancelAck { lease: L1 }
+            },
+        ]
+    );
+    // A repeat is acked again, with no second stop.
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "again".into(),
+    });
+    assert_eq!(names(&outs), ["send:CancelAck"]);
+    // The engine says the killed process failed; the terminal is Cancelled.
+    let outs = h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Failed,
+        exit_code: Some(143),
+        error: Some("killed".into()),
+        log: None,
+    });
+    let events = batches(&outs).concat();
+    assert_eq!(
+        events[0].kind,
+        EventKind::Terminal {
+            status: TerminalStatus::Cancelled,
+            exit_code: Some(143),
+            error: Some("cancelled by alice".into()),
+            log: None,
+        }
+    );
+}
+
+#[test]
+fn e7_cancel_of_unknown_lease_is_acked() {
+    let mut h = Harness::ready(config());
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: LeaseId(77),
+        reason: "untracked".into(),
+    });
+    assert_eq!(sent(&outs), [ToMill::CancelAck { lease: LeaseId(77) }]);
+    assert_eq!(names(&outs), ["send:CancelAck"]);
+}
+
+#[test]
+fn e7_cancel_of_a_reservation_drops_it() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "user".into(),
+    });
+    assert_eq!(names(&outs), ["send:CancelAck", "send:Snapshot"]);
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+    assert_eq!(names(&h.commit(L1)), ["send:CommitResult"]);
+}
+
+// ---------------------------------------------------------------------------------------- E8
+
+#[test]
+fn e8_release_never_stops_a_running_job() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let outs = h.mill(ToExecutor::ReleaseLease { lease: L1 });
+    assert!(outs.is_empty(), "{:?}", names(&outs));
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
+
+    h.reserve(L2, spec("docker"));
+    h.mill(ToExecutor::ReleaseLease { lease: L2 });
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------- E9
+
+#[test]
+fn e9_restart_fails_jobs_that_died_with_the_process() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.run(L2, "docker");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    let outs = h.restart(secs(10));
+    assert_eq!(names(&outs), ["persist", "connect"]);
+    let failed = |seqno, lease| Event {
+        seqno: Seqno(seqno),
+        lease,
+        kind: terminal(TerminalStatus::Failed, Some(RESTARTED)),
+    };
+    assert_eq!(
+        writes(&outs),
+        [
+            ExecutorWrite::Append(failed(3, L1)),
+            ExecutorWrite::JobEnded { lease: L1 },
+            ExecutorWrite::Append(failed(4, L2)),
+            ExecutorWrite::JobEnded { lease: L2 },
+        ]
+    );
+    assert!(h.store.jobs.is_empty());
+    assert_eq!(h.exec.running_leases().count(), 0);
+
+    let outs = h.connect(Seqno(2));
+    assert_eq!(names(&outs), ["send:Snapshot", "send:EventBatch"]);
+    assert_eq!(batches(&outs), [vec![failed(3, L1), failed(4, L2)]]);
+    // Reservations were volatile: a commit for one made before the crash is not committed.
+}
+
+#[test]
+fn e9_a_restart_forgets_reservations() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    let outs = h.restart(secs(1));
+    assert_eq!(names(&outs), ["connect"]);
+    h.connect(Seqno(0));
+    assert_eq!(
+        sent(&h.commit(L1)),
+        [ToMill::CommitResult {
+            lease: L1,
+            committed: false
+        }]
+    );
+}
+
+// --------------------------------------------------------------------------------------- E10
+
+#[test]
+fn e10_snapshot_on_interval_and_on_availability_change() {
+    let (mut h, _) = Harness::new(config());
+    let outs = h.connect(Seqno(0));
+    let first = snapshots(&outs);
+    assert_eq!(first.len(), 1, "a snapshot right after Welcome");
+    assert_eq!(first[0].0, 1);
+    assert_eq!(
+        first[0].1,
+        BTreeMap::from([("docker".to_string(), true), ("shell".to_string(), true)])
+    );
+
+    // Every snapshot_interval.
+    let (gap, outs) = h.until_deadline();
+    assert_eq!(gap, DEFAULT_SNAPSHOT_INTERVAL);
+    assert_eq!(snapshots(&outs)[0].0, 2);
+
+    // Taking the only shell seat changes its availability: a snapshot at once.
+    let outs = h.reserve(L1, spec("shell"));
+    assert_eq!(names(&outs), ["send:ReserveResult", "send:Snapshot"]);
+    let snap = &snapshots(&outs)[0];
+    assert_eq!(snap.0, 3);
+    assert_eq!(snap.1.get("shell"), Some(&false));
+    assert_eq!(snap.2, [L1]);
+
+    // One docker seat of two: load changes, availability does not: no snapshot.
+    let outs = h.reserve(L2, spec("docker"));
+    assert_eq!(names(&outs), ["send:ReserveResult"]);
+
+    // The periodic schedule is not moved by the change-driven snapshot.
+    let (gap, outs) = h.until_deadline();
+    assert_eq!(gap, DEFAULT_SNAPSHOT_INTERVAL);
+    let snap = &snapshots(&outs)[0];
+    assert_eq!(snap.0, 4, "strictly increasing");
+    assert_eq!(snap.2, [L1, L2]);
+}
+
+#[test]
+fn e10_snapshot_reports_loads_in_unit_range() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    h.reserve(L2, spec("docker"));
+    let (_, outs) = h.until_deadline();
+    let engines = sent(&outs)
+        .into_iter()
+        .find_map(|m| match m {
+            ToMill::Snapshot { engines, .. } => Some(engines),
+            _ => None,
+        })
+        .unwrap();
+    let shell = &engines["shell"];
+    assert_eq!(shell.capacity, 1);
+    assert_eq!(shell.load.get("seats"), Some(&1.0));
+    assert_eq!(shell.load.get("cpu_millis"), Some(&0.25));
+    let docker = &engines["docker"];
+    assert_eq!(docker.load.get("seats"), Some(&0.5));
+    assert!(docker.available);
+}
+
+// --------------------------------------------------------------------------------------- E11
+
+#[test]
+fn e11_backoff_grows_exponentially_with_jitter_and_resets() {
+    let (mut h, _) = Harness::new(config());
+    let mut gaps = Vec::new();
+    for _ in 0..10 {
+        let outs = h.feed(ExecutorInput::ConnectFailed);
+        assert!(outs.is_empty());
+        let (gap, outs) = h.until_deadline();
+        assert_eq!(names(&outs), ["connect"]);
+        gaps.push(gap);
+    }
+    for (n, gap) in gaps.iter().enumerate() {
+        let ceiling = (DEFAULT_BACKOFF_MIN * (1 << n)).min(DEFAULT_BACKOFF_MAX);
+        assert!(
+            *gap >= ceiling / 2 && *gap <= ceiling,
+            "attempt {n}: {gap:?} outside [{:?}, {ceiling:?}]",
+            ceiling / 2
+        );
+    }
+    assert!(gaps[9] >= DEFAULT_BACKOFF_MAX / 2, "capped, not reset");
+    let distinct: BTreeSet<_> = gaps.iter().map(|g| g.as_micros() % 1000).collect();
+    assert!(distinct.len() > 1, "jittered: {gaps:?}");
+
+    // A Welcome resets the schedule.
+    h.connect(Seqno(0));
+    h.disconnect();
+    let (gap, outs) = h.until_deadline();
+    assert_eq!(names(&outs), ["connect"]);
+    assert!(
+        gap <= DEFAULT_BACKOFF_MIN && gap >= DEFAULT_BACKOFF_MIN / 2,
+        "{gap:?}"
+    );
+}
+
+#[test]
+fn e11_jitter_depends_only_on_the_seed() {
+    let schedule = |seed| {
+        let mut c = config();
+        c.backoff_seed = seed;
+        let (mut h, _) = Harness::new(c);
+        (0..6)
+            .map(|_| {
+                h.feed(ExecutorInput::ConnectFailed);
+                h.until_deadline().0
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(schedule(1), schedule(1));
+    assert_ne!(schedule(1), schedule(2));
+}
+
+#[test]
+fn e11_jobs_keep_running_while_disconnected() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let cut_off = h.now;
+    h.disconnect();
+    let mut attempts = 0;
+    // Stay inside the reconnect grace (E12 is the next test).
+    while h.exec.next_deadline().unwrap() < cut_off.plus(secs(44)) {
+        let (_, outs) = h.until_deadline();
+        assert_eq!(names(&outs), ["connect"]);
+        attempts += 1;
+        let outs = h.feed(ExecutorInput::JobExited {
+            lease: L2,
+            status: TerminalStatus::Success,
+            exit_code: None,
+            error: None,
+            log: None,
+        });
+        assert!(outs.is_empty());
+        h.feed(ExecutorInput::ConnectFailed);
+    }
+    assert!(attempts >= 5, "{attempts}");
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
+}
+
+// --------------------------------------------------------------------------------------- E12
+
+#[test]
+fn e12_self_fences_after_reconnect_grace() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.reserve(L2, spec("docker"));
+    let last_heard = h.now;
+    h.disconnect();
+    let mut stops = Vec::new();
+    while stops.is_empty() {
+        let (_, outs) = h.until_deadline();
+        for o in &outs {
+            match o {
+                ExecutorOutput::StopJob { lease, grace } => stops.push((*lease, *grace, h.now)),
+                ExecutorOutput::Connect => {}
+                ExecutorOutput::Send { .. }
+                | ExecutorOutput::Close { .. }
+                | ExecutorOutput::Persist(_)
+                | ExecutorOutput::StartJob { .. } => panic!("unexpected {o:?}"),
+            }
+        }
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    assert_eq!(
+        stops,
+        [(
+            L1,
+            DEFAULT_STOP_GRACE,
+            last_heard.plus(DEFAULT_RECONNECT_GRACE)
+        )]
+    );
+    assert_eq!(h.exec.reserved_leases().count(), 0, "reservations let go");
+
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    assert_eq!(names(&outs), ["persist"]);
+    let Some(ExecutorWrite::Append(event)) = writes(&outs).first().cloned() else {
+        panic!("expected an append");
+    };
+    assert_eq!(
+        event.kind,
+        terminal(TerminalStatus::Failed, Some(LOST_CONTACT))
+    );
+    assert_eq!(h.exec.running_leases().count(), 0);
+}
+
+#[test]
+fn e12_a_silent_mill_is_probed_then_its_connection_closed() {
+    let mut h = Harness::ready(config());
+    // The mill said nothing for an interval: snapshot plus an empty batch it must ack.
+    let (_, outs) = h.until_deadline();
+    assert_eq!(names(&outs), ["send:Snapshot", "send:EventBatch"]);
+    assert_eq!(batches(&outs), [Vec::<Event>::new()]);
+    // An ack heard within the interval means the next periodic snapshot needs no probe.
+    h.advance(secs(1));
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(0),
+    });
+    let quiet_since = h.now;
+    let (_, outs) = h.until_deadline();
+    assert_eq!(names(&outs), ["send:Snapshot"]);
+    let mut closed_at = None;
+    let mut probes = 0;
+    while closed_at.is_none() {
+        let (_, outs) = h.until_deadline();
+        probes += batches(&outs).len();
+        if let Some(ExecutorOutput::Close { reason, .. }) = outs.first() {
+            assert!(reason.contains("silent"), "{reason}");
+            closed_at = Some(h.now);
+        }
+    }
+    assert_eq!(closed_at, Some(quiet_since.plus(DEFAULT_SILENCE_TIMEOUT)));
+    assert_eq!(probes, 2, "probed at +9 s and +14 s of silence");
+    assert!(!h.exec.is_ready());
+}
+
+// ------------------------------------------------------------------------------- outbox bound
+
+#[test]
+fn e5_outbox_full_stops_taking_seats() {
+    let mut c = config();
+    c.outbox_capacity = 6; // 3 seats: the minimum is 2 × 3
+    let mut h = Harness::ready(c);
+    h.run(L1, "shell");
+    h.exited(L1, TerminalStatus::Success); // 2 unacked events
+                                           // One more event held and one owed for L2's terminal.
+    h.run(L2, "docker");
+    // 3 held + 1 owed + 2 for a new seat = 6: still fits.
+    assert!(reserve_result(&h.reserve(L3, spec("docker"))).0);
+    // Now 3 held + 3 owed: a fourth seat would need 2 more than the bound.
+    let outs = h.reserve(LeaseId(4), spec("shell"));
+    let (accepted, reject, reason, _) = reserve_result(&outs);
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Transient));
+    assert!(reason.contains("outbox full"), "{reason}");
+
+    // The snapshot said unavailable the moment it filled up.
+    let (_, outs) = h.until_deadline();
+    assert!(snapshots(&outs)[0].1.values().all(|a| !a));
+
+    // Acks make room and availability comes back with a snapshot.
+    let outs = h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(3),
+    });
+    assert_eq!(names(&outs), ["persist", "send:Snapshot"]);
+    assert_eq!(snapshots(&outs)[0].1.get("shell"), Some(&true));
+    // Sequenced events are never dropped, even at the bound.
+    h.commit(L3);
+    h.feed(ExecutorInput::JobStarted { lease: L3 });
+    h.exited(L2, TerminalStatus::Success);
+    h.exited(L3, TerminalStatus::Success);
+    let seqnos: Vec<u64> = h.store.outbox.iter().map(|e| e.seqno.get()).collect();
+    assert_eq!(seqnos, [4, 5, 6]);
+}
+
+// ----------------------------------------------------------------------------- bad input, misc
+
+#[test]
+fn stale_connections_and_unexpected_inputs_are_ignored_or_closed() {
+    let mut h = Harness::ready(config());
+    // A message on a connection that is not the session's.
+    let outs = h.feed(ExecutorInput::Message {
+        conn: ConnId(99),
+        msg: ToExecutor::CancelAttempt {
+            lease: L1,
+            reason: "x".into(),
+        },
+    });
+    assert!(outs.is_empty());
+    // A connection nobody asked for is closed.
+    let outs = h.feed(ExecutorInput::Connected { conn: ConnId(5) });
+    assert_eq!(names(&outs), ["close"]);
+    assert!(h.exec.is_ready());
+    // A second Welcome is a protocol error.
+    let outs = h.mill(ToExecutor::Welcome { cursor: Seqno(0) });
+    assert_eq!(names(&outs), ["close"]);
+    // Engine reports for unknown leases do nothing.
+    assert!(h.exited(LeaseId(42), TerminalStatus::Success).is_empty());
+    assert!(h
+        .feed(ExecutorInput::JobStarted { lease: LeaseId(42) })
+        .is_empty());
+}
+
+#[test]
+fn live_log_is_forwarded_in_chunks_and_gaps_are_announced() {
+    let mut c = config();
+    c.live_log_chunk = 4;
+    let mut h = Harness::ready(c);
+    h.run(L1, "shell");
+    let outs = h.feed(ExecutorInput::JobLog {
+        lease: L1,
+        bytes: b"hello world".to_vec(),
+    });
+    let chunks: Vec<Vec<u8>> = sent(&outs)
+        .into_iter()
+        .map(|m| match m {
+            ToMill::LiveLog { lease, bytes } => {
+                assert_eq!(lease, L1);
+                bytes
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(chunks.concat(), b"hello world");
+    assert!(chunks.iter().all(|c| c.len() <= 4));
+
+    h.disconnect();
+    assert!(h
+        .feed(ExecutorInput::JobLog {
+            lease: L1,
+            bytes: b"lost".to_vec()
+        })
+        .is_empty());
+    h.until_deadline();
+    h.connect(Seqno(1));
+    let outs = h.feed(ExecutorInput::JobLog {
+        lease: L1,
+        bytes: b"!".to_vec(),
+    });
+    let text: Vec<u8> = sent(&outs)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToMill::LiveLog { bytes, .. } => Some(bytes),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .concat();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("4 bytes of live log dropped"), "{text}");
+    assert!(text.ends_with('!'));
+}
+
+#[test]
+fn config_defaults_are_valid_and_errors_name_the_setting() {
+    let c = ExecutorConfig::new(NodeId::new("n1").unwrap(), "t");
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!(c.snapshot_interval, secs(5));
+    assert_eq!(c.reconnect_grace, secs(45));
+    assert_eq!(c.outbox_capacity, 10_000);
+
+    let mut bad = c.clone();
+    bad.snapshot_interval = Duration::from_millis(7500);
+    let err = bad.validate().unwrap_err();
+    assert_eq!(err.setting(), "snapshot_interval");
+    assert!(err.to_string().contains("7.5s"), "{err}");
+
+    let mut bad = c.clone();
+    bad.engines.insert("gpu".into(), EngineConfig::seats(0));
+    assert_eq!(bad.validate().unwrap_err().setting(), "engines");
+
+    let mut bad = c.clone();
+    bad.outbox_capacity = 1;
+    assert!(matches!(
+        bad.validate(),
+        Err(ConfigError::OutboxCapacity {
+            capacity: 1,
+            min: 2
+        })
+    ));
+
+    let mut bad = c.clone();
+    bad.backoff_max = secs(60);
+    assert_eq!(bad.validate().unwrap_err().setting(), "backoff_max");
+
+    let mut bad = c;
+    bad.engines
+        .get_mut("shell")
+        .unwrap()
+        .resources
+        .insert("jobs".into(), 3);
+    assert_eq!(bad.validate().unwrap_err().setting(), "engines");
+}
+
+#[test]
+fn store_validation_refuses_a_gapped_outbox() {
+    let mut store = ExecutorSnapshot::fresh(EPOCH);
+    store.next_seqno = Seqno(4);
+    for s in [1, 3] {
+        store.outbox.push_back(Event {
+            seqno: Seqno(s),
+            lease: L1,
+            kind: EventKind::Running,
+        });
+    }
+    assert!(matches!(
+        store.validate(),
+        Err(StoreError::OutboxOrder {
+            seqno: Seqno(3),
+            ..
+        })
+    ));
+    assert!(matches!(
+        Executor::try_new(config(), store, Time::ZERO),
+        Err(StartError::Store(_))
+    ));
+}
+
+#[test]
+fn one_input_sequence_gives_one_output_sequence() {
+    let script = || {
+        let (mut h, mut all) = Harness::new(config());
+        all.extend(h.feed(ExecutorInput::ConnectFailed));
+        all.extend(h.until_deadline().1);
+        all.extend(h.connect(Seqno(0)));
+        all.extend(h.reserve(L1, spec("shell")));
+        all.extend(h.reserve(L2, spec("docker")));
+        all.extend(h.commit(L1));
+        all.extend(h.feed(ExecutorInput::JobStarted { lease: L1 }));
+        all.extend(h.until_deadline().1);
+        all.extend(h.disconnect());
+        all.extend(h.exited(L1, TerminalStatus::Success));
+        for _ in 0..4 {
+            let (_, outs) = h.until_deadline();
+            let dialed = outs.iter().any(|o| matches!(o, ExecutorOutput::Connect));
+            all.extend(outs);
+            if dialed {
+                all.extend(h.feed(ExecutorInput::ConnectFailed));
+            }
+        }
+        all.extend(h.until_deadline().1);
+        all.extend(h.connect(Seqno(1)));
+        all.extend(h.mill(ToExecutor::Ack {
+            epoch: EPOCH,
+            up_to: Seqno(2),
+        }));
+        (all, h.now)
+    };
+    let (a, ta) = script();
+    let (b, tb) = script();
+    assert!(a.len() > 15);
+    assert_eq!(ta, tb);
+    assert_eq!(a, b);
+}
