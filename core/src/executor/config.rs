@@ -82,8 +82,9 @@ pub struct ExecutorConfig {
     pub backoff_min: Duration,
     /// Largest reconnect delay (E11). Default 10 s; must be < `reconnect_grace`.
     pub backoff_max: Duration,
-    /// Seed of the backoff jitter; the driver picks it (random in production, from the run's
-    /// seed in the simulator). Default 0.
+    /// Seed of the backoff jitter; the driver picks it (random at every process start in
+    /// production, so a fleet restarted together spreads out; from the run's seed in the
+    /// simulator). Default 0.
     pub backoff_seed: u64,
     /// What `StopJob` gives the engine before it kills the job. Default 10 s.
     pub stop_grace: Duration,

@@ -1044,14 +1044,6 @@ fn e11_jobs_keep_running_while_disconnected() {
         let (_, outs) = h.until_deadline();
         assert_eq!(names(&outs), ["connect"]);
         attempts += 1;
-        let outs = h.feed(ExecutorInput::JobExited {
-            lease: L2,
-            status: TerminalStatus::Success,
-            exit_code: None,
-            error: None,
-            log: None,
-        });
-        assert!(outs.is_empty());
         h.feed(ExecutorInput::ConnectFailed);
     }
     assert!(attempts >= 5, "{attempts}");
@@ -1104,6 +1096,36 @@ fn e12_self_fences_after_reconnect_grace() {
         terminal(TerminalStatus::Failed, Some(LOST_CONTACT))
     );
     assert_eq!(h.exec.running_leases().count(), 0);
+}
+
+#[test]
+fn e12_reconnecting_within_grace_keeps_jobs_running() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let cut_off = h.now;
+    h.disconnect();
+    while h.exec.next_deadline().unwrap() < cut_off.plus(secs(30)) {
+        h.until_deadline();
+        h.feed(ExecutorInput::ConnectFailed);
+    }
+    h.until_deadline();
+    let welcomed_at = h.now;
+    let outs = h.connect(Seqno(1));
+    assert_eq!(names(&outs), ["persist", "send:Snapshot"]);
+    // Keep the session alive past the old fence deadline; no job is stopped.
+    while h.now < cut_off.plus(secs(60)) {
+        let (_, outs) = h.until_deadline();
+        for o in &outs {
+            assert!(!matches!(o, ExecutorOutput::StopJob { .. }), "{o:?}");
+        }
+        h.mill(ToExecutor::Ack {
+            epoch: EPOCH,
+            up_to: Seqno(1),
+        });
+    }
+    assert!(welcomed_at > cut_off.plus(secs(29)));
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
+    assert!(h.exec.is_ready());
 }
 
 #[test]
