@@ -5,7 +5,7 @@
 //! (E11) and a Welcome's cursor decides which are sent again (E6).
 
 use crate::job::TerminalStatus;
-use crate::types::{LeaseId, Seqno};
+use crate::types::{bounded_reason, LeaseId, Seqno};
 use crate::wire::{Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
 
 use super::session::Link;
@@ -97,7 +97,7 @@ impl Executor {
     }
 }
 
-/// Reasons and errors on the wire are bounded (M-side limit).
+/// Reasons and errors on the wire are bounded by `MAX_REASON` (the mill enforces it).
 pub(super) fn bounded_error(error: impl Into<String>) -> String {
-    crate::types::bounded_reason(error, MAX_REASON)
+    bounded_reason(error, MAX_REASON)
 }

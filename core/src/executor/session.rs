@@ -6,10 +6,10 @@
 //! followed by an empty `EventBatch`: every event in it is (vacuously) a replay, which the mill
 //! acks (M20), so a live mill answers within one round trip.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::types::{bounded_reason, ConnId, Seqno, Time};
+use crate::types::{bounded_reason, ConnId, Epoch, LeaseId, Seqno, Time};
 use crate::wire::{ToExecutor, ToMill, MAX_ACTIVE_LEASES, MAX_REASON, PROTOCOL_VERSION};
 
 use super::seats::engine_statuses;
@@ -272,7 +272,7 @@ impl Executor {
 
     /// E5: trim what the mill acked. An ack for another epoch, or beyond what this session
     /// sent, is a confused mill: the connection is closed and nothing is trimmed.
-    fn on_ack(&mut self, now: Time, conn: ConnId, epoch: crate::types::Epoch, up_to: Seqno) {
+    fn on_ack(&mut self, now: Time, conn: ConnId, epoch: Epoch, up_to: Seqno) {
         let sent = match &self.link {
             Link::Ready(s) => s.sent_up_to,
             Link::Down { .. } | Link::Connecting { .. } | Link::Hello { .. } => return,
@@ -350,8 +350,8 @@ impl Executor {
     /// whose events are still in the outbox. The latter matter on reconnect, where the
     /// snapshot precedes the resend (E6): a job that finished while disconnected must not be
     /// failed as "no longer has the job" (M8) just before its real terminal arrives (I3).
-    pub(super) fn active_leases(&self) -> Vec<crate::types::LeaseId> {
-        let mut leases: std::collections::BTreeSet<_> = self
+    pub(super) fn active_leases(&self) -> Vec<LeaseId> {
+        let mut leases: BTreeSet<_> = self
             .seats
             .reserved
             .keys()
