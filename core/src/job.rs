@@ -186,7 +186,9 @@ impl LogRef {
     /// Checks M25 for a log reported under `lease`.
     pub fn is_valid_for(&self, lease: LeaseId) -> bool {
         let hex_ok = self.hash.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         });
         hex_ok && self.path == Self::path_for(lease)
     }
