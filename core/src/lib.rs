@@ -6,6 +6,11 @@
 //! therefore gives one output sequence, which is what lets the simulator (`sim`) find a bug
 //! from a seed and replay it, and lets the production driver (`node`) run the very same logic.
 //!
+//! Output and write enums (`MillOutput`, `ExecutorOutput`, `MillWrite`, wire messages) are
+//! deliberately *not* `#[non_exhaustive]`: every driver matches them exhaustively, so a new
+//! effect fails to compile in each driver until it is handled (the openraft habit). Input
+//! enums, which drivers only construct, are `#[non_exhaustive]`.
+//!
 //! See DESIGN.md for the rules (M…, E…, Q…) that the modules cite.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -82,7 +82,6 @@ pub enum EventKind {
 
 /// Executor → mill.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
 pub enum ToMill {
     /// First message of every session (M1).
     Hello {
@@ -151,7 +150,6 @@ pub enum ToMill {
 
 /// Mill → executor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
 pub enum ToExecutor {
     /// Session accepted; `cursor` is the last applied seqno for (node, epoch).
     Welcome {

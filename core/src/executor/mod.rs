@@ -106,7 +106,6 @@ pub enum ExecutorInput {
 
 /// Something the driver must do, in order.
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum ExecutorOutput {
     /// Open a connection to the mill; answer with `Connected` or `ConnectFailed`.
     Connect,

@@ -123,7 +123,6 @@ pub enum RequestError {
 
 /// What the mill asks its driver to do, in order.
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum MillOutput {
     /// Send a message on a connection.
     Send {
@@ -163,7 +162,6 @@ pub enum MillOutput {
 
 /// Facts for metrics, logs and the simulator's coverage counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Observation {
     /// A job won a bid and its lease was published.
     Placed {
@@ -201,7 +199,6 @@ pub enum Observation {
 
 /// Rare paths the simulator must reach (issue 4, item 9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
 pub enum RarePath {
     /// Grace expired while a cancel was pending for one of the node's leases (M5).
     GraceExpiredWithPendingCancel,

@@ -54,7 +54,6 @@ pub struct JobRecord {
 
 /// One durable change. Drivers match these exhaustively.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
 pub enum MillWrite {
     /// High-water marks: job ids below `next_job` and lease ids below `lease_floor` may have
     /// been used and are never handed out again (M30).
