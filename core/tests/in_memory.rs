@@ -2,6 +2,7 @@
 //! clock and no faults but the ones a test injects (issue 3, item 4). The driver here is a
 //! miniature of the real ones: it routes outputs, applies every `Persist` to an in-memory
 //! store before acting on what follows, plays the engine, and ticks at deadlines.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -171,13 +172,7 @@ impl World {
                 self.mill_output(o);
             }
             for i in 0..self.nodes.len() {
-                loop {
-                    let Some(exec) = self.nodes[i].exec.as_mut() else {
-                        break;
-                    };
-                    let Some(o) = exec.poll_output() else {
-                        break;
-                    };
+                while let Some(o) = self.nodes[i].exec.as_mut().and_then(|e| e.poll_output()) {
                     any = true;
                     self.trace.push(format!("{} exec-{i} {o:?}", self.now));
                     self.exec_output(i, o);
