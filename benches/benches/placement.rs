@@ -1,5 +1,6 @@
 //! Placement decision: rank the fleet and choose the top-K candidates (M11), at 10 … 10,000
 //! executors, for an unconstrained job and for one that needs a label only 10% hold.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
 use std::collections::BTreeSet;
 use std::hint::black_box;
 

@@ -316,3 +316,18 @@ fn live_log_bytes_reach_clients_only_from_the_lease_holder() {
         }]
     );
 }
+
+#[test]
+fn m23_an_empty_batch_is_acked_so_executors_can_use_it_as_a_heartbeat() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    h.events(a, 1, vec![]);
+    assert_eq!(
+        h.sent(a),
+        vec![ToExecutor::Ack {
+            epoch: Epoch(1),
+            up_to: Seqno(0)
+        }]
+    );
+    assert!(h.writes().is_empty());
+}
