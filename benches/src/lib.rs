@@ -26,3 +26,200 @@ pub fn fleet_index(n: usize) -> RankIndex {
     }
     idx
 }
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use millrace_core::job::{Identity, JobSpec, TerminalStatus};
+use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput, Reply};
+use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Resources, Seqno, Time};
+use millrace_core::wire::{EngineStatus, Event, EventKind, ToExecutor, ToMill, PROTOCOL_VERSION};
+
+/// A mill with `n` connected, reconciled executors, each offering `shell` with many seats,
+/// driven in-process through the public API only. Executors answer at once.
+pub struct Fleet {
+    /// The mill.
+    pub mill: Mill,
+    /// Simulated time.
+    pub now: Time,
+    seqnos: BTreeMap<ConnId, u64>,
+    out: Vec<MillOutput>,
+}
+
+/// The job every fleet benchmark places.
+pub fn job_spec() -> JobSpec {
+    JobSpec {
+        engine: "shell".into(),
+        labels: BTreeSet::new(),
+        resources: Resources::new(),
+        identity: Identity {
+            owner: "acme".into(),
+            repo: "acme/app".into(),
+        },
+        timeout: None,
+        payload: b"true".to_vec(),
+    }
+}
+
+fn must<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e:?}"),
+    }
+}
+
+impl Fleet {
+    /// Builds the fleet: `n` executors with spread-out loads and `seats` seats each.
+    pub fn new(n: usize, seats: u32) -> Self {
+        let now = Time::from_micros(1_000_000);
+        let config = MillConfig {
+            max_pending: 1_000_000,
+            ..MillConfig::default()
+        };
+        let mill = must(Mill::new(config, None, now), "mill");
+        let mut f = Fleet {
+            mill,
+            now,
+            seqnos: BTreeMap::new(),
+            out: Vec::new(),
+        };
+        for i in 0..n {
+            let conn = ConnId(i as u64 + 1);
+            f.input(MillInput::Connected { conn });
+            f.msg(
+                conn,
+                ToMill::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    node_id: format!("exec-{i:05}"),
+                    epoch: Epoch(1),
+                    token: String::new(),
+                    labels: Vec::new(),
+                    engines: vec!["shell".into()],
+                },
+            );
+            let load = ((i * 7919) % 1000) as f64 / 1000.0;
+            let engines = BTreeMap::from([(
+                "shell".to_string(),
+                EngineStatus {
+                    available: true,
+                    capacity: seats,
+                    load: BTreeMap::from([("cpu".to_string(), load)]),
+                },
+            )]);
+            f.msg(
+                conn,
+                ToMill::Snapshot {
+                    seqno: 1,
+                    engines,
+                    active_leases: Vec::new(),
+                },
+            );
+        }
+        f
+    }
+
+    fn input(&mut self, input: MillInput) -> Option<JobId> {
+        let r = must(self.mill.handle(self.now, input), "input");
+        self.out.clear();
+        while let Some(o) = self.mill.poll_output() {
+            self.out.push(o);
+        }
+        match r {
+            Reply::Submitted(j) => Some(j),
+            Reply::Done => None,
+        }
+    }
+
+    fn msg(&mut self, conn: ConnId, msg: ToMill) {
+        self.input(MillInput::Message { conn, msg });
+    }
+
+    fn sends(&self) -> Vec<(ConnId, ToExecutor)> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Send { conn, msg } => Some((*conn, msg.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// One full placement cycle: submit → reserve K → every ask accepted → losers released
+    /// → commit → committed (running). Returns the running lease and its node's connection.
+    pub fn place_one(&mut self) -> (ConnId, LeaseId) {
+        self.input(MillInput::Submit {
+            spec: job_spec(),
+            submitted_at_ms: 0,
+        });
+        let asks: Vec<(ConnId, LeaseId)> = self
+            .sends()
+            .into_iter()
+            .filter_map(|(c, m)| match m {
+                ToExecutor::ReserveSeat { lease, .. } => Some((c, lease)),
+                _ => None,
+            })
+            .collect();
+        let mut commit = None;
+        for (conn, lease) in asks {
+            self.msg(
+                conn,
+                ToMill::ReserveResult {
+                    lease,
+                    accepted: true,
+                    reject: None,
+                    reason: String::new(),
+                    resources: Resources::from([("jobs".to_string(), 1)]),
+                },
+            );
+            for (c, m) in self.sends() {
+                if let ToExecutor::CommitLease { lease, .. } = m {
+                    commit = Some((c, lease));
+                }
+            }
+        }
+        let Some((conn, lease)) = commit else {
+            panic!("no commit after every ask accepted");
+        };
+        self.msg(
+            conn,
+            ToMill::CommitResult {
+                lease,
+                committed: true,
+            },
+        );
+        (conn, lease)
+    }
+
+    /// Applies one batch of terminal events from `conn` for `leases`.
+    pub fn finish(&mut self, conn: ConnId, leases: &[LeaseId]) {
+        let next = self.seqnos.entry(conn).or_insert(0);
+        let events = leases
+            .iter()
+            .map(|lease| {
+                *next += 1;
+                Event {
+                    seqno: Seqno(*next),
+                    lease: *lease,
+                    kind: EventKind::Terminal {
+                        status: TerminalStatus::Success,
+                        exit_code: Some(0),
+                        error: None,
+                        log: None,
+                    },
+                }
+            })
+            .collect();
+        self.msg(
+            conn,
+            ToMill::EventBatch {
+                epoch: Epoch(1),
+                events,
+            },
+        );
+    }
+
+    /// Moves the clock (no deadlines are due in these benches' windows).
+    pub fn advance(&mut self, d: Duration) {
+        self.now = self.now.plus(d);
+    }
+}

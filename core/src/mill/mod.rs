@@ -319,6 +319,8 @@ pub struct Mill {
     /// Asks whose round is over: an acceptance is released at once (M12).
     strays: BTreeMap<LeaseId, (NodeId, String)>,
     rank: RankIndex,
+    /// Nodes whose rank-index entry is stale (see `flush_index`).
+    index_dirty: BTreeSet<NodeId>,
     quota: QuotaLedger,
 
     next_job: JobId,
@@ -358,6 +360,7 @@ impl Mill {
             asks: BTreeMap::new(),
             strays: BTreeMap::new(),
             rank: RankIndex::default(),
+            index_dirty: BTreeSet::new(),
             quota,
             next_job: JobId(1),
             next_lease: LeaseId(1),
@@ -513,6 +516,7 @@ impl Mill {
             self.placement_dirty = false;
             self.place_pending();
         }
+        self.flush_index();
         if !self.writes.is_empty() {
             let writes = std::mem::take(&mut self.writes);
             self.out

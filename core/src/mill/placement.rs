@@ -75,6 +75,13 @@ impl RankIndex {
         labels: &BTreeSet<String>,
         keys: Vec<(String, RankKey)>,
     ) {
+        if let Some(entry) = self.nodes.get(node) {
+            if entry.keys == keys && &entry.labels == labels {
+                return;
+            }
+        } else if keys.is_empty() {
+            return;
+        }
         let entry = self.nodes.entry(node.clone()).or_default();
         for (engine, key) in entry.keys.drain(..) {
             if let Some(set) = self.by_engine.get_mut(&engine) {
@@ -164,8 +171,22 @@ pub(super) struct BidRound {
 }
 
 impl Mill {
-    /// Recomputes `node`'s place in the rank index from its session (M11, M27, I8).
+    /// Marks `node`'s place in the rank index as stale; [`Mill::flush_index`] recomputes it
+    /// before the index is next read, so a batch of changes to one node costs one update.
     pub(super) fn reindex(&mut self, node: &NodeId) {
+        if !self.index_dirty.contains(node) {
+            self.index_dirty.insert(node.clone());
+        }
+    }
+
+    /// Recomputes every stale node's place in the rank index from its session (M11, M27, I8).
+    pub(super) fn flush_index(&mut self) {
+        while let Some(node) = self.index_dirty.pop_first() {
+            self.reindex_now(&node);
+        }
+    }
+
+    fn reindex_now(&mut self, node: &NodeId) {
         let Some(s) = self.sessions.get(node) else {
             self.rank.remove(node);
             return;
@@ -187,8 +208,7 @@ impl Mill {
                 }
             }
         }
-        let labels = s.labels.clone();
-        self.rank.upsert(node, &labels, keys);
+        self.rank.upsert(node, &s.labels, keys);
     }
 
     fn seat_taken(&mut self, node: &NodeId, engine: &str) {
@@ -219,7 +239,11 @@ impl Mill {
     /// Classes of job (engine, labels) that found no candidate are not ranked again in the
     /// same pass.
     pub(super) fn place_pending(&mut self) {
-        if self.rank.is_empty() || self.queue.is_empty() {
+        if self.queue.is_empty() {
+            return;
+        }
+        self.flush_index();
+        if self.rank.is_empty() {
             return;
         }
         let queued: Vec<JobId> = self.queue.iter().copied().collect();
@@ -227,6 +251,7 @@ impl Mill {
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
         for job in queued {
+            self.flush_index();
             if self.rank.is_empty() {
                 break;
             }

@@ -1,0 +1,92 @@
+//! The core alone, in process: full placement cycles, event application, quota ops.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use millrace_core::job::Identity;
+use millrace_core::quota::{QuotaConfig, QuotaLedger};
+use millrace_core::types::{JobId, Resources};
+
+/// submit → reserve top-3 → accept → release losers → commit → running → terminal.
+fn placement_cycle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("placement_cycle");
+    group.throughput(Throughput::Elements(1));
+    for n in [1_000usize, 10_000] {
+        let mut fleet = benches::Fleet::new(n, 1_000);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                let (conn, lease) = fleet.place_one();
+                fleet.finish(conn, &[lease]);
+                black_box(lease)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One executor applying a batch of 1,000 terminal events for its running leases.
+fn event_application(c: &mut Criterion) {
+    let mut group = c.benchmark_group("event_application");
+    group.throughput(Throughput::Elements(1_000));
+    group.sample_size(20);
+    group.bench_function("batch_of_1000_terminals", |b| {
+        b.iter_batched(
+            || {
+                let mut fleet = benches::Fleet::new(1, 2_000);
+                let mut leases = Vec::new();
+                let mut conn = None;
+                for _ in 0..1_000 {
+                    let (c, l) = fleet.place_one();
+                    conn = Some(c);
+                    leases.push(l);
+                }
+                (fleet, conn, leases)
+            },
+            |(mut fleet, conn, leases)| {
+                if let Some(conn) = conn {
+                    fleet.finish(conn, &leases);
+                }
+                fleet
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+/// Quota acquire + release pairs with a limit that is never reached.
+fn quota_ops(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quota");
+    group.throughput(Throughput::Elements(2));
+    let config = QuotaConfig {
+        owner_defaults: Resources::from([("jobs".to_string(), 1_000_000)]),
+        repo_defaults: Resources::from([("jobs".to_string(), 1_000_000)]),
+        owner_overrides: BTreeMap::new(),
+        repo_overrides: BTreeMap::new(),
+    };
+    let mut ledger = QuotaLedger::new(config);
+    let identity = Identity {
+        owner: "acme".into(),
+        repo: "acme/app".into(),
+    };
+    let charge = Resources::from([("jobs".to_string(), 1), ("cpu_millis".to_string(), 500)]);
+    // A standing population of holds, as in a busy mill.
+    for i in 0..1_000 {
+        let _ = ledger.try_acquire(JobId(i), &identity, &charge);
+    }
+    let mut next = 1_000u64;
+    group.bench_function("acquire_release", |b| {
+        b.iter(|| {
+            let id = JobId(next);
+            next += 1;
+            let r = ledger.try_acquire(id, &identity, &charge);
+            let granted = ledger.release(id);
+            black_box((r.is_ok(), granted.len()))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, placement_cycle, event_application, quota_ops);
+criterion_main!(benches);
