@@ -1,0 +1,363 @@
+//! Command-line interface: every setting is a flag and a `MILLRACE_*` environment variable.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::clock::parse_duration;
+
+/// millrace: a CI job scheduler that keeps its promises while the fleet misbehaves.
+#[derive(Debug, Parser)]
+#[command(name = "millrace", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr (filter with RUST_LOG, default `info`).
+    #[arg(long, global = true, env = "MILLRACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+    /// What to run.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Pretty,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Run the coordinator: executor listener, HTTP API, SQLite store.
+    Mill(MillArgs),
+    /// Run an executor that takes jobs from a mill.
+    Executor(ExecutorArgs),
+    /// A mill and one local executor in one process, on loopback (the one-machine default).
+    Standalone(StandaloneArgs),
+    /// Run N shell jobs on a throwaway standalone mill with E executors and summarise.
+    Demo(DemoArgs),
+    /// Submit a job: `millrace submit [--wait] -- COMMAND…`.
+    Submit(SubmitArgs),
+    /// Show a job.
+    Status(JobArgs),
+    /// Cancel a job.
+    Cancel(JobArgs),
+    /// List jobs.
+    Jobs(JobsArgs),
+    /// List executors.
+    Nodes(ClientArgs),
+    /// Manage quarantined executors.
+    Quarantine {
+        /// What to do.
+        #[command(subcommand)]
+        cmd: QuarantineCmd,
+    },
+    /// Open many fake executor sessions against a mill (benchmarks).
+    #[command(hide = true)]
+    Loadgen(LoadgenArgs),
+    /// Submit→committed latency and placement throughput on loopback (benchmarks).
+    #[command(hide = true)]
+    Bench(BenchArgs),
+}
+
+/// Quarantine subcommands.
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCmd {
+    /// Let a quarantined executor connect again.
+    Lift {
+        /// The node id.
+        node: String,
+        /// Server and token.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+fn dur(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+/// The default data directory: `$XDG_DATA_HOME/millrace` or `~/.local/share/millrace`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("millrace");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".local/share/millrace");
+    }
+    PathBuf::from(".millrace")
+}
+
+/// Timers both sides must agree on.
+#[derive(Debug, Clone, Args)]
+pub struct Timing {
+    /// How long a disconnected executor's leases survive (M4, M5); also its self-fencing delay (E12).
+    #[arg(long, env = "MILLRACE_RECONNECT_GRACE", default_value = "45s", value_parser = dur, help_heading = "Advanced")]
+    pub reconnect_grace: Duration,
+    /// No message for this long closes a session (M9).
+    #[arg(long, env = "MILLRACE_SILENCE_TIMEOUT", default_value = "15s", value_parser = dur, help_heading = "Advanced")]
+    pub silence_timeout: Duration,
+    /// Executors snapshot at least this often; below silence_timeout / 2 (M9, E10).
+    #[arg(long, env = "MILLRACE_SNAPSHOT_INTERVAL", default_value = "5s", value_parser = dur, help_heading = "Advanced")]
+    pub snapshot_interval: Duration,
+}
+
+/// Mill-only settings.
+#[derive(Debug, Clone, Args)]
+pub struct MillTuning {
+    /// How long one bid ask or commit attempt may take (M12, M17).
+    #[arg(long, env = "MILLRACE_BID_TIMEOUT", default_value = "5s", value_parser = dur, help_heading = "Advanced")]
+    pub bid_timeout: Duration,
+    /// Executors asked in parallel per placement (M12).
+    #[arg(long, env = "MILLRACE_TOP_K", default_value_t = 3, help_heading = "Advanced")]
+    pub top_k: usize,
+    /// Most jobs waiting for placement; beyond it submits get 503 (M10).
+    #[arg(long, env = "MILLRACE_MAX_PENDING", default_value_t = 10_000, help_heading = "Advanced")]
+    pub max_pending: usize,
+    /// How long an executor has to ack a cancel (M26).
+    #[arg(long, env = "MILLRACE_CANCEL_ACK_TIMEOUT", default_value = "10s", value_parser = dur, help_heading = "Advanced")]
+    pub cancel_ack_timeout: Duration,
+    /// How long an acked cancel may take to end the job (M26).
+    #[arg(long, env = "MILLRACE_CANCEL_TEARDOWN_TIMEOUT", default_value = "10m", value_parser = dur, help_heading = "Advanced")]
+    pub cancel_teardown_timeout: Duration,
+    /// Default job timeout (M18).
+    #[arg(long, env = "MILLRACE_JOB_TIMEOUT", default_value = "24h", value_parser = dur, help_heading = "Advanced")]
+    pub job_timeout: Duration,
+    /// Violation closures in a row that quarantine an executor (M28).
+    #[arg(long, env = "MILLRACE_QUARANTINE_STRIKES", default_value_t = 3, help_heading = "Advanced")]
+    pub quarantine_strikes: u32,
+    /// Most executor sessions at once.
+    #[arg(long, env = "MILLRACE_MAX_SESSIONS", default_value_t = 10_000, help_heading = "Advanced")]
+    pub max_sessions: usize,
+}
+
+/// Executor-only settings.
+#[derive(Debug, Clone, Args)]
+pub struct ExecTuning {
+    /// First reconnect delay (E11).
+    #[arg(long, env = "MILLRACE_BACKOFF_MIN", default_value = "100ms", value_parser = dur, help_heading = "Advanced")]
+    pub backoff_min: Duration,
+    /// Largest reconnect delay (E11); below reconnect_grace.
+    #[arg(long, env = "MILLRACE_BACKOFF_MAX", default_value = "10s", value_parser = dur, help_heading = "Advanced")]
+    pub backoff_max: Duration,
+    /// Time between SIGTERM and SIGKILL when a job is stopped.
+    #[arg(long, env = "MILLRACE_STOP_GRACE", default_value = "10s", value_parser = dur, help_heading = "Advanced")]
+    pub stop_grace: Duration,
+    /// At shutdown, how long to wait for running jobs and the outbox.
+    #[arg(long, env = "MILLRACE_DRAIN_TIMEOUT", default_value = "30s", value_parser = dur)]
+    pub drain_timeout: Duration,
+    /// Kill a job that runs longer than this on this executor, whatever the mill says (off by default).
+    #[arg(long, env = "MILLRACE_JOB_HARD_CAP", value_parser = dur, help_heading = "Advanced")]
+    pub job_hard_cap: Option<Duration>,
+}
+
+/// `millrace mill`.
+#[derive(Debug, Clone, Args)]
+pub struct MillArgs {
+    /// Data directory (SQLite store, job logs, token).
+    #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
+    pub data: PathBuf,
+    /// Where executors connect.
+    #[arg(long, env = "MILLRACE_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
+    pub executor_listen: String,
+    /// Where the HTTP API listens.
+    #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
+    pub http_listen: String,
+    /// Shared token for executors and API clients; default DATA/token, made on first start.
+    #[arg(long, env = "MILLRACE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Timers.
+    #[command(flatten)]
+    pub timing: Timing,
+    /// Mill settings.
+    #[command(flatten)]
+    pub tuning: MillTuning,
+}
+
+/// `millrace executor`.
+#[derive(Debug, Clone, Args)]
+pub struct ExecutorArgs {
+    /// The mill's executor address (host:port).
+    #[arg(long, env = "MILLRACE_MILL", default_value = "127.0.0.1:7071")]
+    pub mill: String,
+    /// This executor's name: 1-128 of A-Z a-z 0-9 . _ -
+    #[arg(long, env = "MILLRACE_NODE_ID")]
+    pub node_id: String,
+    /// Labels this executor holds, comma separated.
+    #[arg(long, env = "MILLRACE_LABELS", value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Engine and seats: `shell` (one seat per CPU) or `shell:N`.
+    #[arg(long, env = "MILLRACE_ENGINE", default_value = "shell")]
+    pub engine: String,
+    /// Data directory (outbox store, logs, job working directories).
+    #[arg(long, env = "MILLRACE_DATA")]
+    pub data: PathBuf,
+    /// File holding the mill's token (else MILLRACE_TOKEN).
+    #[arg(long, env = "MILLRACE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Timers (must match the mill's).
+    #[command(flatten)]
+    pub timing: Timing,
+    /// Executor settings.
+    #[command(flatten)]
+    pub tuning: ExecTuning,
+}
+
+/// `millrace standalone`.
+#[derive(Debug, Clone, Args)]
+pub struct StandaloneArgs {
+    /// Data directory (mill store, token, the local executor's store under executor/).
+    #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
+    pub data: PathBuf,
+    /// Where the HTTP API listens.
+    #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
+    pub http_listen: String,
+    /// Where executors connect (the local one, and any others).
+    #[arg(long, env = "MILLRACE_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
+    pub executor_listen: String,
+    /// The local executor's name.
+    #[arg(long, env = "MILLRACE_NODE_ID", default_value = "local")]
+    pub node_id: String,
+    /// The local executor's labels, comma separated.
+    #[arg(long, env = "MILLRACE_LABELS", value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// The local executor's engine and seats: `shell` (one per CPU) or `shell:N`.
+    #[arg(long, env = "MILLRACE_ENGINE", default_value = "shell")]
+    pub engine: String,
+    /// Timers.
+    #[command(flatten)]
+    pub timing: Timing,
+    /// Mill settings.
+    #[command(flatten)]
+    pub tuning: MillTuning,
+    /// Executor settings.
+    #[command(flatten)]
+    pub exec: ExecTuning,
+}
+
+/// `millrace demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Jobs to run.
+    #[arg(long, default_value_t = 200)]
+    pub jobs: usize,
+    /// Local executors.
+    #[arg(long, default_value_t = 4)]
+    pub executors: usize,
+    /// Seats per executor.
+    #[arg(long, default_value_t = 4)]
+    pub seats: u32,
+}
+
+/// Where the API is and how to authenticate.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The mill's HTTP API.
+    #[arg(long, env = "MILLRACE_SERVER", default_value = "http://127.0.0.1:7070")]
+    pub server: String,
+    /// File holding the token (else MILLRACE_TOKEN, else DATA/token).
+    #[arg(long, env = "MILLRACE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Data directory whose token to use when neither of the above is given.
+    #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
+    pub data: PathBuf,
+}
+
+/// `millrace submit`.
+#[derive(Debug, Clone, Args)]
+pub struct SubmitArgs {
+    /// Engine.
+    #[arg(long, default_value = "shell")]
+    pub engine: String,
+    /// A label the executor must hold (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Job timeout (e.g. 10m); default the mill's.
+    #[arg(long, value_parser = dur)]
+    pub timeout: Option<Duration>,
+    /// Quota owner.
+    #[arg(long, default_value = "default")]
+    pub owner: String,
+    /// Quota repo.
+    #[arg(long, default_value = "default")]
+    pub repo: String,
+    /// Follow the job's output and exit 0 only if it succeeded.
+    #[arg(long)]
+    pub wait: bool,
+    /// Server and token.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The command, run with `sh -c`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// A command about one job.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// The job id.
+    pub job: String,
+    /// Server and token.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `millrace jobs`.
+#[derive(Debug, Clone, Args)]
+pub struct JobsArgs {
+    /// Only jobs in this state (queued, reserved, running, success, failed, timeout, cancelled, active, done).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Server and token.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `millrace loadgen`.
+#[derive(Debug, Clone, Args)]
+pub struct LoadgenArgs {
+    /// The mill's executor address.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub mill: String,
+    /// Fake executor sessions.
+    #[arg(long, default_value_t = 1000)]
+    pub executors: usize,
+    /// Seats per fake executor.
+    #[arg(long, default_value_t = 4)]
+    pub seats: u32,
+    /// Token file.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// Snapshot interval of the fake executors.
+    #[arg(long, default_value = "5s", value_parser = dur)]
+    pub snapshot_interval: Duration,
+    /// Stop after this long.
+    #[arg(long, default_value = "60s", value_parser = dur)]
+    pub duration: Duration,
+}
+
+/// `millrace bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Jobs to submit.
+    #[arg(long, default_value_t = 20_000)]
+    pub jobs: usize,
+    /// Fake executors (in-process, over loopback TCP).
+    #[arg(long, default_value_t = 10)]
+    pub executors: usize,
+    /// Seats per fake executor.
+    #[arg(long, default_value_t = 64)]
+    pub seats: u32,
+    /// Concurrent HTTP submitters.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Submissions per second in all (0: as fast as the submitters go).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+}

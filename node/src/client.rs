@@ -1,0 +1,284 @@
+//! The HTTP API's command-line clients: submit, status, cancel, jobs, nodes, quarantine lift.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::cli::{ClientArgs, JobArgs, JobsArgs, SubmitArgs};
+
+/// A failed client command; the message is for the user.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientError(pub String);
+
+/// Resolves the token: `--token-file`, then `MILLRACE_TOKEN`, then `DATA/token`.
+pub fn token(args: &ClientArgs) -> Result<String, ClientError> {
+    if let Some(f) = &args.token_file {
+        return read(f);
+    }
+    if let Ok(t) = std::env::var("MILLRACE_TOKEN") {
+        if !t.trim().is_empty() {
+            return Ok(t.trim().to_string());
+        }
+    }
+    read(&args.data.join("token"))
+}
+
+fn read(path: &Path) -> Result<String, ClientError> {
+    let t = std::fs::read_to_string(path).map_err(|e| {
+        ClientError(format!(
+            "cannot read the token from {}: {e} (use --token-file, MILLRACE_TOKEN or --data)",
+            path.display()
+        ))
+    })?;
+    Ok(t.trim().to_string())
+}
+
+/// A client for one server.
+pub struct Client {
+    base: String,
+    auth: String,
+    agent: ureq::Agent,
+    stream_agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client for `args.server` with the resolved token.
+    pub fn new(args: &ClientArgs) -> Result<Self, ClientError> {
+        let t = token(args)?;
+        Ok(Client::with_token(&args.server, &t))
+    }
+
+    /// A client for `server` with `token`.
+    pub fn with_token(server: &str, token: &str) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let stream_agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Client {
+            base: server.trim_end_matches('/').to_string(),
+            auth: format!("Bearer {token}"),
+            agent,
+            stream_agent,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn answer(
+        &self,
+        r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<(u16, Value), ClientError> {
+        let mut resp =
+            r.map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError(format!("reading the answer: {e}")))?;
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, v))
+    }
+
+    /// GET a JSON resource.
+    pub fn get(&self, path: &str) -> Result<(u16, Value), ClientError> {
+        let r = self
+            .agent
+            .get(self.url(path))
+            .header("Authorization", &self.auth)
+            .call();
+        self.answer(r)
+    }
+
+    /// POST a JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> Result<(u16, Value), ClientError> {
+        let r = self
+            .agent
+            .post(self.url(path))
+            .header("Authorization", &self.auth)
+            .send_json(body);
+        self.answer(r)
+    }
+
+    /// Streams a job's log to `out` until the job ends.
+    pub fn follow_log(&self, job: u64, out: &mut dyn Write) -> Result<(), ClientError> {
+        let mut resp = self
+            .stream_agent
+            .get(self.url(&format!("/v1/jobs/{job}/log")))
+            .header("Authorization", &self.auth)
+            .call()
+            .map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+        if resp.status().as_u16() != 200 {
+            return Err(ClientError(format!("log: HTTP {}", resp.status())));
+        }
+        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .map_err(|e| ClientError(format!("log stream: {e}")))?;
+            if n == 0 {
+                return Ok(());
+            }
+            let _ = out.write_all(buf.get(..n).unwrap_or_default());
+            let _ = out.flush();
+        }
+    }
+}
+
+fn fail(status: u16, v: &Value) -> ClientError {
+    let msg = v.get("error").and_then(Value::as_str).unwrap_or("request failed");
+    match v.get("field").and_then(Value::as_str) {
+        Some(f) => ClientError(format!("HTTP {status}: {msg} (field {f})")),
+        None => ClientError(format!("HTTP {status}: {msg}")),
+    }
+}
+
+fn job_id(s: &str) -> String {
+    s.trim_start_matches('j').to_string()
+}
+
+/// `millrace submit`: prints the job id; with `--wait` follows it and returns its success.
+pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
+    let c = Client::new(&args.client)?;
+    let mut body = json!({
+        "command": args.command.join(" "),
+        "engine": args.engine,
+        "labels": args.labels,
+        "owner": args.owner,
+        "repo": args.repo,
+    });
+    if let (Some(t), Some(obj)) = (args.timeout, body.as_object_mut()) {
+        obj.insert("timeout_secs".into(), json!(t.as_secs().max(1)));
+    }
+    let (status, v) = c.post("/v1/jobs", &body)?;
+    if status != 201 {
+        return Err(fail(status, &v));
+    }
+    let id = v
+        .get("id")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| ClientError(format!("unexpected answer: {v}")))?;
+    if !args.wait {
+        println!("{id}");
+        return Ok(true);
+    }
+    eprintln!("job {id} submitted; following its output");
+    let mut stdout = std::io::stdout();
+    if let Err(e) = c.follow_log(id, &mut stdout) {
+        eprintln!("log stream ended: {e}");
+    }
+    wait_done(&c, id)
+}
+
+fn wait_done(c: &Client, id: u64) -> Result<bool, ClientError> {
+    loop {
+        let (status, v) = c.get(&format!("/v1/jobs/{id}"))?;
+        if status != 200 {
+            return Err(fail(status, &v));
+        }
+        if v.get("done").and_then(Value::as_bool) == Some(true) {
+            let state = v.get("state").and_then(Value::as_str).unwrap_or("?");
+            let mut line = format!("job {id}: {state}");
+            if let Some(code) = v.get("exit_code").and_then(Value::as_i64) {
+                line.push_str(&format!(" (exit {code})"));
+            }
+            if let Some(err) = v.get("error").and_then(Value::as_str) {
+                line.push_str(&format!(": {err}"));
+            }
+            eprintln!("{line}");
+            return Ok(state == "success");
+        }
+        // The log stream ended before the job did (the mill went away): ask again shortly.
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `millrace status`.
+pub fn status(args: &JobArgs) -> Result<(), ClientError> {
+    let c = Client::new(&args.client)?;
+    let (status, v) = c.get(&format!("/v1/jobs/{}", job_id(&args.job)))?;
+    if status != 200 {
+        return Err(fail(status, &v));
+    }
+    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    Ok(())
+}
+
+/// `millrace cancel`.
+pub fn cancel(args: &JobArgs) -> Result<(), ClientError> {
+    let c = Client::new(&args.client)?;
+    let (status, v) = c.post(&format!("/v1/jobs/{}/cancel", job_id(&args.job)), &json!({}))?;
+    if status != 202 {
+        return Err(fail(status, &v));
+    }
+    println!("cancelling job {}", job_id(&args.job));
+    Ok(())
+}
+
+/// `millrace jobs`.
+pub fn jobs(args: &JobsArgs) -> Result<(), ClientError> {
+    let c = Client::new(&args.client)?;
+    let mut path = format!("/v1/jobs?limit={}", args.limit);
+    if let Some(s) = &args.state {
+        path.push_str(&format!("&state={s}"));
+    }
+    let (status, v) = c.get(&path)?;
+    if status != 200 {
+        return Err(fail(status, &v));
+    }
+    println!("{:>8}  {:<10} {:<16} COMMAND", "ID", "STATE", "NODE");
+    for j in v.get("jobs").and_then(Value::as_array).into_iter().flatten() {
+        let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+        let cmd: String = s("command").chars().take(60).collect();
+        println!(
+            "{:>8}  {:<10} {:<16} {}",
+            j.get("id").and_then(Value::as_u64).unwrap_or(0),
+            s("state"),
+            s("node"),
+            cmd
+        );
+    }
+    Ok(())
+}
+
+/// `millrace nodes`.
+pub fn nodes(args: &ClientArgs) -> Result<(), ClientError> {
+    let c = Client::new(args)?;
+    let (status, v) = c.get("/v1/nodes")?;
+    if status != 200 {
+        return Err(fail(status, &v));
+    }
+    println!("{:<24} {:<12} {:>7} {:>8}", "NODE", "STATE", "LEASES", "RUNNING");
+    for n in v.get("nodes").and_then(Value::as_array).into_iter().flatten() {
+        println!(
+            "{:<24} {:<12} {:>7} {:>8}",
+            n.get("node").and_then(Value::as_str).unwrap_or("-"),
+            n.get("state").and_then(Value::as_str).unwrap_or("-"),
+            n.get("leases").and_then(Value::as_u64).unwrap_or(0),
+            n.get("running").and_then(Value::as_u64).unwrap_or(0),
+        );
+    }
+    Ok(())
+}
+
+/// `millrace quarantine lift`.
+pub fn lift(node: &str, args: &ClientArgs) -> Result<(), ClientError> {
+    let c = Client::new(args)?;
+    let (status, v) = c.post(&format!("/v1/nodes/{node}/quarantine/lift"), &json!({}))?;
+    if status != 200 {
+        return Err(fail(status, &v));
+    }
+    println!("quarantine of {node} lifted");
+    Ok(())
+}

@@ -1,0 +1,322 @@
+//! The executor driver: one thread owns the `Executor`. Inputs (connection events, engine
+//! reports, drain) arrive on a bounded channel; each step's `Persist` batches are written in
+//! one SQLite transaction before any output of the step is acted on; connections are dialled
+//! when the core asks (`Connect`), with the backoff the core computes (E11).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use millrace_core::codec::FrameDecoder;
+use millrace_core::executor::{ExecutorBatch, ExecutorInput, ExecutorOutput};
+use millrace_core::wire::{ToExecutor, ToMill};
+use millrace_core::ConnId;
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::Clock;
+use crate::exec_store::ExecStore;
+use crate::net::{self, ConnOut, OUT_QUEUE};
+use crate::shell::ShellEngine;
+use crate::sqlite::StoreError;
+
+/// Inputs queued for the executor driver, at most.
+pub const CMD_QUEUE: usize = 4096;
+/// Inputs handled in one step at most.
+const MAX_STEP_INPUTS: usize = 1024;
+
+/// Something for the executor driver.
+#[derive(Debug)]
+pub enum ExecCmd {
+    /// A dialled connection is up; its writer queue.
+    Connected {
+        /// The connection.
+        conn: ConnId,
+        /// Messages for it.
+        tx: mpsc::Sender<ConnOut<ToMill>>,
+    },
+    /// Any other input: connect failures, messages, disconnects, engine reports.
+    Input(ExecutorInput),
+}
+
+/// How the executor driver stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecDriverError {
+    /// A group commit failed; the process must stop (persist before acting).
+    #[error("executor store write failed: {0}")]
+    Store(#[from] StoreError),
+    /// The driver's runtime could not start.
+    #[error("executor runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// What the driver needs besides the core.
+pub struct ExecDriverParts {
+    /// The state machine.
+    pub executor: millrace_core::executor::Executor,
+    /// Its store.
+    pub store: ExecStore,
+    /// The process clock.
+    pub clock: Clock,
+    /// The mill's executor address.
+    pub mill: String,
+    /// The engine.
+    pub engine: ShellEngine,
+    /// How long a drain may wait for running jobs and the outbox.
+    pub drain_timeout: Duration,
+    /// Where connection tasks run.
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Starts the driver thread. It runs until `shutdown` turns true, drains (no new seats,
+/// running jobs finish, the outbox is acked) up to `drain_timeout`, then kills what still
+/// runs and closes the store.
+pub fn spawn(
+    parts: ExecDriverParts,
+    tx: mpsc::Sender<ExecCmd>,
+    rx: mpsc::Receiver<ExecCmd>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<Result<(), ExecDriverError>>> {
+    let name = format!("exec-{}", parts.executor.node_id());
+    std::thread::Builder::new().name(name).spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(ExecDriverError::Runtime)?;
+        let driver = Driver {
+            conns: std::collections::HashMap::new(),
+            next_conn: 1,
+            outs: Vec::new(),
+            tx,
+            parts,
+        };
+        rt.block_on(driver.run(rx, shutdown))
+    })
+}
+
+struct Driver {
+    parts: ExecDriverParts,
+    conns: std::collections::HashMap<ConnId, mpsc::Sender<ConnOut<ToMill>>>,
+    next_conn: u64,
+    outs: Vec<ExecutorOutput>,
+    tx: mpsc::Sender<ExecCmd>,
+}
+
+impl Driver {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<ExecCmd>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), ExecDriverError> {
+        self.drain_outputs();
+        self.flush()?;
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            if drain_deadline.is_none() && *shutdown.borrow() {
+                let timeout = self.parts.drain_timeout;
+                tracing::info!(?timeout, "draining: no new seats; waiting for running jobs and the outbox");
+                drain_deadline = Some(Instant::now() + timeout);
+                let now = self.parts.clock.now();
+                self.parts.executor.handle(now, ExecutorInput::Drain);
+                self.drain_outputs();
+                self.flush()?;
+            }
+            if drain_deadline.is_some() && self.parts.executor.is_drained() {
+                tracing::info!("drained");
+                break;
+            }
+            if drain_deadline.is_some_and(|d| Instant::now() >= d) {
+                let left = self.parts.executor.running_leases().count();
+                tracing::warn!(running = left, "drain timeout: killing what still runs; its jobs end \"executor restarted\" at the next start (E9)");
+                break;
+            }
+            let deadline = self
+                .parts
+                .executor
+                .next_deadline()
+                .map(|t| self.parts.clock.instant_of(t));
+            let wake = match (deadline, drain_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let sleep = async {
+                match wake {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let stopping = drain_deadline.is_some();
+            let first = tokio::select! {
+                biased;
+                r = shutdown.changed(), if !stopping => {
+                    if r.is_err() {
+                        // The owner is gone: treat as a shutdown request.
+                        drain_deadline.get_or_insert_with(|| Instant::now() + self.parts.drain_timeout);
+                    }
+                    continue;
+                }
+                cmd = rx.recv() => cmd,
+                () = sleep => None,
+            };
+            if let Some(cmd) = first {
+                self.input(cmd);
+                for _ in 1..MAX_STEP_INPUTS {
+                    match rx.try_recv() {
+                        Ok(cmd) => self.input(cmd),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let now = self.parts.clock.now();
+            if self.parts.executor.next_deadline().is_some_and(|d| d <= now) {
+                self.parts.executor.handle(now, ExecutorInput::Tick);
+                self.drain_outputs();
+            }
+            self.flush()?;
+        }
+        self.parts.engine.kill_all();
+        for (_, tx) in self.conns.drain() {
+            let _ = tx.try_send(ConnOut::Close("the executor is shutting down".into()));
+        }
+        self.parts.store.close()?;
+        tracing::info!("executor store closed");
+        Ok(())
+    }
+
+    fn drain_outputs(&mut self) {
+        while let Some(o) = self.parts.executor.poll_output() {
+            self.outs.push(o);
+        }
+    }
+
+    fn input(&mut self, cmd: ExecCmd) {
+        let now = self.parts.clock.now();
+        let input = match cmd {
+            ExecCmd::Connected { conn, tx } => {
+                self.conns.insert(conn, tx);
+                ExecutorInput::Connected { conn }
+            }
+            ExecCmd::Input(input) => input,
+        };
+        match &input {
+            ExecutorInput::Disconnected { conn } => {
+                self.conns.remove(conn);
+            }
+            ExecutorInput::JobExited { lease, .. } => self.parts.engine.exited(*lease),
+            ExecutorInput::Message {
+                msg: ToExecutor::Refused { reason },
+                ..
+            } => {
+                tracing::error!(%reason, "the mill refused this executor");
+            }
+            _ => {}
+        }
+        self.parts.executor.handle(now, input);
+        self.drain_outputs();
+    }
+
+    fn flush(&mut self) -> Result<(), ExecDriverError> {
+        if self.outs.is_empty() {
+            return Ok(());
+        }
+        let mut batches: Vec<ExecutorBatch> = Vec::new();
+        let mut rest = Vec::with_capacity(self.outs.len());
+        for o in self.outs.drain(..) {
+            match o {
+                ExecutorOutput::Persist(b) => batches.push(b),
+                other => rest.push(other),
+            }
+        }
+        if !batches.is_empty() {
+            self.parts.store.apply(&batches)?;
+        }
+        for o in rest {
+            self.act(o);
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, output: ExecutorOutput) {
+        match output {
+            ExecutorOutput::Connect => self.dial(),
+            ExecutorOutput::Send { conn, msg } => {
+                let Some(tx) = self.conns.get(&conn) else {
+                    return;
+                };
+                if tx.try_send(ConnOut::Send(msg)).is_err() {
+                    tracing::warn!(%conn, "send queue full; closing the connection");
+                    self.conns.remove(&conn);
+                }
+            }
+            ExecutorOutput::Close { conn, reason } => {
+                tracing::info!(%conn, %reason, "closing the connection to the mill");
+                if let Some(tx) = self.conns.remove(&conn) {
+                    let _ = tx.try_send(ConnOut::Close(reason));
+                }
+            }
+            ExecutorOutput::Persist(_) => {
+                // Written by `flush` before any output is acted on.
+            }
+            ExecutorOutput::StartJob {
+                lease,
+                job,
+                spec,
+                secrets,
+            } => self.parts.engine.start(lease, job, spec, secrets),
+            ExecutorOutput::StopJob { lease, grace } => self.parts.engine.stop(lease, grace),
+        }
+    }
+
+    /// Dials the mill; reports `Connected` or `ConnectFailed`, then runs the connection.
+    fn dial(&mut self) {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        let addr = self.parts.mill.clone();
+        let tx = self.tx.clone();
+        let timeout = self.parts.executor.config().silence_timeout;
+        self.parts.runtime.spawn(async move {
+            let stream = match tokio::time::timeout(timeout, connect(&addr)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(mill = %addr, error = %e, "connect failed");
+                    let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(mill = %addr, "connect timed out");
+                    let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
+                    return;
+                }
+            };
+            tracing::info!(mill = %addr, %conn, "connected to the mill");
+            let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+            if tx.send(ExecCmd::Connected { conn, tx: out_tx }).await.is_err() {
+                return;
+            }
+            let deliver_tx = tx.clone();
+            let ended = net::run(
+                stream,
+                out_rx,
+                |d: &mut FrameDecoder| d.next_frame::<ToExecutor>(),
+                move |msg| {
+                    let tx = deliver_tx.clone();
+                    async move {
+                        tx.send(ExecCmd::Input(ExecutorInput::Message { conn, msg }))
+                            .await
+                            .is_ok()
+                    }
+                },
+            )
+            .await;
+            tracing::info!(%conn, reason = %ended, "disconnected from the mill");
+            let _ = tx
+                .send(ExecCmd::Input(ExecutorInput::Disconnected { conn }))
+                .await;
+        });
+    }
+}
+
+async fn connect(addr: &str) -> std::io::Result<tokio::net::TcpStream> {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) => tokio::net::TcpStream::connect(a).await,
+        Err(_) => tokio::net::TcpStream::connect(addr).await,
+    }
+}

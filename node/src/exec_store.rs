@@ -1,0 +1,264 @@
+//! The executor's durable state in SQLite: its epoch, outbox and committed jobs, mirroring
+//! `ExecutorWrite` (E1, E5, E9). The epoch is a random u64 made when the store is created.
+
+use std::path::Path;
+
+use millrace_core::executor::{ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StoredJob};
+use millrace_core::wire::Event;
+use millrace_core::{Epoch, LeaseId, Seqno};
+use rusqlite::{params, OptionalExtension};
+
+use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
+
+/// The executor store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "executor",
+    file: "executor.db",
+    application_id: 0x4d52_4531,
+    migrations: &[r"
+        CREATE TABLE meta (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            epoch INTEGER NOT NULL,
+            next_seqno INTEGER NOT NULL
+        );
+        CREATE TABLE outbox (
+            seqno INTEGER PRIMARY KEY,
+            event BLOB NOT NULL
+        );
+        CREATE TABLE jobs (
+            lease INTEGER PRIMARY KEY,
+            job BLOB NOT NULL
+        );
+    "],
+};
+
+/// The executor's store, owned by its driver.
+pub struct ExecStore {
+    opened: Opened,
+}
+
+impl ExecStore {
+    /// Opens the store under `dir`, creating it (with a fresh random epoch) if needed, and
+    /// loads what it holds.
+    pub fn open(dir: &Path) -> Result<(Self, ExecutorSnapshot), StoreError> {
+        let mut store = ExecStore {
+            opened: sqlite::open(dir, &SCHEMA)?,
+        };
+        let snap = store.load()?;
+        Ok((store, snap))
+    }
+
+    fn sq(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sqlite {
+            path: self.opened.path.clone(),
+            source,
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.opened.path.clone(),
+            reason,
+        }
+    }
+
+    fn load(&mut self) -> Result<ExecutorSnapshot, StoreError> {
+        let meta: Option<(i64, i64)> = self
+            .opened
+            .conn
+            .query_row("SELECT epoch, next_seqno FROM meta WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(self.sq())?;
+        let Some((epoch, next_seqno)) = meta else {
+            // A new store is a new epoch (E1).
+            let epoch = sqlite::random_u64().map_err(|source| StoreError::Io {
+                path: self.opened.path.clone(),
+                source,
+            })?;
+            let snap = ExecutorSnapshot::fresh(Epoch(epoch));
+            self.opened
+                .conn
+                .execute(
+                    "INSERT INTO meta (id, epoch, next_seqno) VALUES (1, ?1, ?2)",
+                    params![to_i64(epoch), to_i64(snap.next_seqno.get())],
+                )
+                .map_err(self.sq())?;
+            return Ok(snap);
+        };
+        let mut snap = ExecutorSnapshot::fresh(Epoch(to_u64(epoch)));
+        snap.next_seqno = Seqno(to_u64(next_seqno));
+        let conn = &self.opened.conn;
+        let mut stmt = conn
+            .prepare("SELECT seqno, event FROM outbox ORDER BY seqno")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .map_err(self.sq())?;
+        for row in rows {
+            let (seqno, event) = row.map_err(self.sq())?;
+            let event: Event = postcard::from_bytes(&event)
+                .map_err(|e| self.corrupt(format!("outbox event {seqno}: {e}")))?;
+            snap.outbox.push_back(event);
+        }
+        let mut stmt = conn
+            .prepare("SELECT lease, job FROM jobs")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .map_err(self.sq())?;
+        for row in rows {
+            let (lease, job) = row.map_err(self.sq())?;
+            let job: StoredJob = postcard::from_bytes(&job)
+                .map_err(|e| self.corrupt(format!("job of lease {lease}: {e}")))?;
+            snap.jobs.insert(LeaseId(to_u64(lease)), job);
+        }
+        snap.validate()
+            .map_err(|e| self.corrupt(e.to_string()))?;
+        Ok(snap)
+    }
+
+    /// Applies every batch of one driver step in one transaction (group commit).
+    pub fn apply(&mut self, batches: &[ExecutorBatch]) -> Result<(), StoreError> {
+        let path = self.opened.path.clone();
+        let sq = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let enc = |e: postcard::Error| StoreError::Corrupt {
+            path: path.clone(),
+            reason: format!("encode: {e}"),
+        };
+        let tx = self.opened.conn.transaction().map_err(sq)?;
+        for batch in batches {
+            for write in &batch.writes {
+                match write {
+                    ExecutorWrite::Append(event) => {
+                        let blob = postcard::to_allocvec(event).map_err(enc)?;
+                        tx.execute(
+                            "INSERT OR REPLACE INTO outbox (seqno, event) VALUES (?1, ?2)",
+                            params![to_i64(event.seqno.get()), blob],
+                        )
+                        .map_err(sq)?;
+                        tx.execute(
+                            "UPDATE meta SET next_seqno = max(next_seqno, ?1) WHERE id = 1",
+                            params![to_i64(event.seqno.next().get())],
+                        )
+                        .map_err(sq)?;
+                    }
+                    ExecutorWrite::Trim { up_to } => {
+                        tx.execute(
+                            "DELETE FROM outbox WHERE seqno <= ?1",
+                            params![to_i64(up_to.get())],
+                        )
+                        .map_err(sq)?;
+                    }
+                    ExecutorWrite::JobCommitted { lease, job } => {
+                        let blob = postcard::to_allocvec(job).map_err(enc)?;
+                        tx.execute(
+                            "INSERT OR REPLACE INTO jobs (lease, job) VALUES (?1, ?2)",
+                            params![to_i64(lease.get()), blob],
+                        )
+                        .map_err(sq)?;
+                    }
+                    ExecutorWrite::JobEnded { lease } => {
+                        tx.execute(
+                            "DELETE FROM jobs WHERE lease = ?1",
+                            params![to_i64(lease.get())],
+                        )
+                        .map_err(sq)?;
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(sq)
+    }
+
+    /// Checkpoints the WAL and closes the store.
+    pub fn close(self) -> Result<(), StoreError> {
+        let path = self.opened.path.clone();
+        self.opened
+            .conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|source| StoreError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
+        self.opened
+            .conn
+            .close()
+            .map_err(|(_, source)| StoreError::Sqlite { path, source })?;
+        drop(self.opened.lock);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_core::job::TerminalStatus;
+    use millrace_core::wire::EventKind;
+    use millrace_core::{JobId, Resources};
+
+    #[test]
+    fn e1_a_new_store_gets_an_epoch_that_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, first) = ExecStore::open(dir.path()).unwrap();
+        store.close().unwrap();
+        let (_store, again) = ExecStore::open(dir.path()).unwrap();
+        assert_eq!(first.epoch, again.epoch);
+        let other = tempfile::tempdir().unwrap();
+        let (_s, wiped) = ExecStore::open(other.path()).unwrap();
+        assert_ne!(wiped.epoch, first.epoch);
+    }
+
+    #[test]
+    fn e5_store_mirrors_the_reference_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, fresh) = ExecStore::open(dir.path()).unwrap();
+        let mut reference = fresh.clone();
+        let ev = |n: u64, kind: EventKind| Event {
+            seqno: Seqno(n),
+            lease: LeaseId(9),
+            kind,
+        };
+        let batches = vec![
+            ExecutorBatch {
+                writes: vec![
+                    ExecutorWrite::JobCommitted {
+                        lease: LeaseId(9),
+                        job: StoredJob {
+                            job: JobId(1),
+                            engine: "shell".into(),
+                            resources: Resources::new(),
+                        },
+                    },
+                    ExecutorWrite::Append(ev(1, EventKind::Running)),
+                ],
+            },
+            ExecutorBatch {
+                writes: vec![
+                    ExecutorWrite::Append(ev(
+                        2,
+                        EventKind::Terminal {
+                            status: TerminalStatus::Success,
+                            exit_code: Some(0),
+                            error: None,
+                            log: None,
+                        },
+                    )),
+                    ExecutorWrite::JobEnded { lease: LeaseId(9) },
+                    ExecutorWrite::Trim { up_to: Seqno(1) },
+                ],
+            },
+        ];
+        for b in &batches {
+            reference.apply(b);
+        }
+        store.apply(&batches).unwrap();
+        store.close().unwrap();
+        let (_store, loaded) = ExecStore::open(dir.path()).unwrap();
+        assert_eq!(loaded, reference);
+    }
+}

@@ -1,0 +1,626 @@
+//! The HTTP JSON API (axum). Handlers only translate: requests become driver commands or
+//! store reads, answers become JSON. Every route but `/health` wants `Authorization: Bearer
+//! <token>`, compared in constant time. Errors are `{"error": "...", "field": "..."}`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use millrace_core::job::{Identity, JobSpec, JobState, SpecError};
+use millrace_core::mill::RequestError;
+use millrace_core::{JobId, NodeId};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::logs::{done_marker, job_log_path};
+use crate::mill_driver::{HandleError, JobEvent, MillHandle};
+use crate::mill_store::{JobRow, MillReader};
+
+/// Most jobs one list returns.
+const MAX_LIMIT: usize = 1000;
+/// Largest request body.
+const MAX_BODY: usize = 512 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Api {
+    /// The mill driver.
+    pub mill: MillHandle,
+    /// Store reads.
+    pub reader: Arc<Mutex<MillReader>>,
+    /// The bearer token.
+    pub token: Arc<String>,
+    /// Job events, for log follow.
+    pub events: broadcast::Sender<JobEvent>,
+    /// The mill's data directory (job logs).
+    pub data: PathBuf,
+}
+
+/// A JSON error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    error: String,
+    field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error: error.into(),
+            field: None,
+        }
+    }
+
+    fn field(status: StatusCode, error: impl Into<String>, field: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error: error.into(),
+            field: Some(field.into()),
+        }
+    }
+
+    fn unavailable() -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the mill is shutting down")
+    }
+
+    fn store(e: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %e, "store read failed");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = match self.field {
+            Some(f) => json!({"error": self.error, "field": f}),
+            None => json!({"error": self.error}),
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The router: `/v1/...` behind the token, `/health` open.
+pub fn router(api: Api) -> Router {
+    let protected = Router::new()
+        .route("/v1/jobs", post(submit).get(list))
+        .route("/v1/jobs/{id}", get(status))
+        .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/log", get(log))
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/nodes/{id}/quarantine/lift", post(lift))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(api.clone(), auth));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
+}
+
+/// Compares secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+async fn auth(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(given.as_bytes(), api.token.as_bytes()) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token (Authorization: Bearer <token>)",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn read<T: Send + 'static>(
+    api: &Api,
+    f: impl FnOnce(&MillReader) -> Result<T, crate::sqlite::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let reader = api.reader.clone();
+    tokio::task::spawn_blocking(move || {
+        let guard = reader
+            .lock()
+            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store reader poisoned"))?;
+        f(&guard).map_err(ApiError::store)
+    })
+    .await
+    .map_err(|_| ApiError::unavailable())?
+}
+
+/// A job submission.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// Shell command (`sh -c`).
+    pub command: String,
+    /// Engine; default `shell`.
+    #[serde(default = "default_engine")]
+    pub engine: String,
+    /// Labels the executor must hold.
+    #[serde(default)]
+    pub labels: BTreeSet<String>,
+    /// Resources asked for.
+    #[serde(default)]
+    pub resources: BTreeMap<String, u64>,
+    /// Quota owner; default `default`.
+    #[serde(default = "default_scope")]
+    pub owner: String,
+    /// Quota repo; default `default`.
+    #[serde(default = "default_scope")]
+    pub repo: String,
+    /// Timeout in seconds; default the mill's `job_timeout`.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+fn default_engine() -> String {
+    "shell".into()
+}
+
+fn default_scope() -> String {
+    "default".into()
+}
+
+/// Parses a JSON body, naming the field that was wrong.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let msg = inner.to_string();
+            let field = if inner.is_syntax() || inner.is_eof() {
+                "body".to_string()
+            } else if path.is_empty() || path == "." {
+                backticked(&msg).unwrap_or_else(|| "body".to_string())
+            } else {
+                path
+            };
+            Err(ApiError::field(
+                StatusCode::BAD_REQUEST,
+                format!("malformed body: {msg}"),
+                field,
+            ))
+        }
+    }
+}
+
+/// The first name in backticks of a serde message ("missing field `command`").
+fn backticked(msg: &str) -> Option<String> {
+    let start = msg.find('`')?;
+    let rest = msg.get(start + 1..)?;
+    let end = rest.find('`')?;
+    rest.get(..end).map(str::to_string)
+}
+
+fn spec_field(e: &SpecError) -> &'static str {
+    match e.field() {
+        "payload" => "command",
+        "timeout" => "timeout_secs",
+        other => other,
+    }
+}
+
+async fn submit(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+    let b: SubmitBody = parse_body(&body)?;
+    if b.command.trim().is_empty() {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "command must not be empty",
+            "command",
+        ));
+    }
+    let spec = JobSpec {
+        engine: b.engine,
+        labels: b.labels,
+        resources: b.resources,
+        identity: Identity {
+            owner: b.owner,
+            repo: b.repo,
+        },
+        timeout: b.timeout_secs.map(Duration::from_secs),
+        payload: b.command.into_bytes(),
+    };
+    if let Err(e) = spec.validate() {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            e.to_string(),
+            spec_field(&e),
+        ));
+    }
+    match api.mill.submit(spec).await {
+        Ok(job) => Ok((StatusCode::CREATED, Json(json!({"id": job.get()}))).into_response()),
+        Err(HandleError::Refused(RequestError::Spec(e))) => Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            e.to_string(),
+            spec_field(&e),
+        )),
+        Err(HandleError::Refused(e @ RequestError::TooManyPending { .. })) => {
+            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+        }
+        Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
+    }
+}
+
+fn parse_job(id: &str) -> Result<JobId, ApiError> {
+    id.strip_prefix('j')
+        .unwrap_or(id)
+        .parse::<u64>()
+        .map(JobId)
+        .map_err(|_| {
+            ApiError::field(
+                StatusCode::BAD_REQUEST,
+                format!("{id:?} is not a job id"),
+                "id",
+            )
+        })
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, Deserialize, Clone)]
+pub struct JobView {
+    /// Its id.
+    pub id: u64,
+    /// `queued`, `reserved`, `running`, `success`, `failed`, `timeout` or `cancelled`.
+    pub state: String,
+    /// Whether it has ended.
+    pub done: bool,
+    /// Engine.
+    pub engine: String,
+    /// Required labels.
+    pub labels: Vec<String>,
+    /// The command.
+    pub command: String,
+    /// Quota owner.
+    pub owner: String,
+    /// Quota repo.
+    pub repo: String,
+    /// Submission time (ms since the Unix epoch).
+    pub submitted_at_ms: u64,
+    /// Last change (ms since the Unix epoch).
+    pub updated_at_ms: u64,
+    /// The executor, once placed.
+    pub node: Option<String>,
+    /// The lease, once placed.
+    pub lease: Option<u64>,
+    /// Exit code, when a process ran.
+    pub exit_code: Option<i32>,
+    /// Why it did not succeed.
+    pub error: Option<String>,
+    /// The executor's log reference (path and sha256).
+    pub log: Option<serde_json::Value>,
+    /// Status history, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<serde_json::Value>,
+}
+
+fn view(row: &JobRow) -> JobView {
+    let (node, lease, exit_code, error, log) = match &row.state {
+        JobState::Queued => (None, None, None, None, None),
+        JobState::Reserved { lease, node } | JobState::Running { lease, node } => {
+            (Some(node.to_string()), Some(lease.get()), None, None, None)
+        }
+        JobState::Done(t) => (
+            t.node.as_ref().map(ToString::to_string),
+            t.lease.map(|l| l.get()),
+            t.exit_code,
+            t.error.clone(),
+            t.log
+                .as_ref()
+                .map(|l| json!({"path": l.path, "hash": l.hash})),
+        ),
+    };
+    JobView {
+        id: row.id.get(),
+        state: row.state.name().to_string(),
+        done: matches!(row.state, JobState::Done(_)),
+        engine: row.spec.engine.clone(),
+        labels: row.spec.labels.iter().cloned().collect(),
+        command: String::from_utf8_lossy(&row.spec.payload).into_owned(),
+        owner: row.spec.identity.owner.clone(),
+        repo: row.spec.identity.repo.clone(),
+        submitted_at_ms: row.submitted_at_ms,
+        updated_at_ms: row.updated_at_ms,
+        node,
+        lease,
+        exit_code,
+        error,
+        log,
+        history: Vec::new(),
+    }
+}
+
+async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let job = parse_job(&id)?;
+    let (row, history) = read(&api, move |r| Ok((r.job(job)?, r.history(job)?))).await?;
+    let Some(row) = row else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
+    };
+    let mut v = view(&row);
+    v.history = history
+        .iter()
+        .map(|h| json!({"state": h.state.name(), "at_ms": h.at_ms}))
+        .collect();
+    Ok(Json(v).into_response())
+}
+
+const STATES: [&str; 9] = [
+    "queued", "reserved", "running", "success", "failed", "timeout", "cancelled", "active",
+    "done",
+];
+
+async fn list(
+    State(api): State<Api>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let mut state = None;
+    let mut limit = 100usize;
+    for (k, v) in q {
+        match k.as_str() {
+            "state" => {
+                if !STATES.contains(&v.as_str()) {
+                    return Err(ApiError::field(
+                        StatusCode::BAD_REQUEST,
+                        format!("unknown state {v:?}; one of {}", STATES.join(", ")),
+                        "state",
+                    ));
+                }
+                state = Some(v);
+            }
+            "limit" => {
+                limit = v.parse().map_err(|_| {
+                    ApiError::field(
+                        StatusCode::BAD_REQUEST,
+                        format!("limit {v:?} is not a number"),
+                        "limit",
+                    )
+                })?;
+                limit = limit.clamp(1, MAX_LIMIT);
+            }
+            other => {
+                return Err(ApiError::field(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}"),
+                    other,
+                ))
+            }
+        }
+    }
+    let rows = read(&api, move |r| r.jobs(state.as_deref(), limit)).await?;
+    let jobs: Vec<JobView> = rows.iter().map(view).collect();
+    Ok(Json(json!({ "jobs": jobs })).into_response())
+}
+
+async fn cancel(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let job = parse_job(&id)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct CancelBody {
+        #[serde(default)]
+        reason: Option<String>,
+    }
+    let reason = if body.is_empty() {
+        None
+    } else {
+        parse_body::<CancelBody>(&body)?.reason
+    };
+    let reason = reason.unwrap_or_else(|| "cancelled through the API".into());
+    match api.mill.cancel(job, reason).await {
+        Ok(()) => Ok((StatusCode::ACCEPTED, Json(json!({"id": job.get(), "cancelling": true})))
+            .into_response()),
+        Err(HandleError::Refused(RequestError::JobNotActive { .. })) => {
+            let row = read(&api, move |r| r.job(job)).await?;
+            match row {
+                None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}"))),
+                Some(r) => Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("job {id} already ended ({})", r.state.name()),
+                )),
+            }
+        }
+        Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
+    }
+}
+
+async fn nodes(State(api): State<Api>) -> Result<Response, ApiError> {
+    let nodes = api.mill.nodes().await.ok_or_else(ApiError::unavailable)?;
+    Ok(Json(json!({ "nodes": nodes })).into_response())
+}
+
+async fn lift(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let node = NodeId::new(id)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.to_string(), "id"))?;
+    match api.mill.lift(node.clone()).await {
+        Ok(()) => Ok(Json(json!({"node": node.to_string(), "quarantined": false})).into_response()),
+        Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
+    }
+}
+
+async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
+    let text = api.mill.metrics().await.ok_or_else(ApiError::unavailable)?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response())
+}
+
+/// `GET /v1/jobs/{id}/log` query.
+#[derive(Debug, Deserialize)]
+pub struct LogQuery {
+    /// Follow while the job runs (default true).
+    pub follow: Option<bool>,
+}
+
+async fn log(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> Result<Response, ApiError> {
+    let job = parse_job(&id)?;
+    let exists = read(&api, move |r| r.job(job)).await?;
+    if exists.is_none() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
+    }
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let follow = q.follow.unwrap_or(true);
+    let sub = api.events.subscribe();
+    tokio::spawn(follow_log(api, job, follow, sub, tx));
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response())
+}
+
+/// How long a follower trusts the store's "done" before the log writer's marker appears.
+const MARKER_WAIT: Duration = Duration::from_secs(2);
+
+async fn follow_log(
+    api: Api,
+    job: JobId,
+    follow: bool,
+    mut sub: broadcast::Receiver<JobEvent>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let path = job_log_path(&api.data, job);
+    let marker = done_marker(&api.data, job);
+    let mut offset = 0u64;
+    let mut done_since: Option<Instant> = None;
+    loop {
+        let complete = tokio::fs::try_exists(&marker).await.unwrap_or(false);
+        match send_new(&path, &mut offset, &tx).await {
+            Ok(true) => {}
+            Ok(false) => return, // the client went away
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+        if complete || !follow {
+            return;
+        }
+        if done_since.is_none() {
+            let done = read(&api, move |r| r.job(job))
+                .await
+                .ok()
+                .flatten()
+                .is_none_or(|r| matches!(r.state, JobState::Done(_)));
+            if done {
+                done_since = Some(Instant::now());
+            }
+        }
+        if done_since.is_some_and(|t| t.elapsed() >= MARKER_WAIT) {
+            let _ = send_new(&path, &mut offset, &tx).await;
+            return;
+        }
+        let wait = async {
+            loop {
+                match sub.recv().await {
+                    Ok(ev) if ev.job == job => return,
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), wait).await;
+    }
+}
+
+/// Sends bytes of `path` past `offset`; false if the client is gone.
+async fn send_new(
+    path: &std::path::Path,
+    offset: &mut u64,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> std::io::Result<bool> {
+    let mut f = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    f.seek(std::io::SeekFrom::Start(*offset)).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(true);
+        }
+        *offset += n as u64;
+        let chunk = Bytes::copy_from_slice(buf.get(..n).unwrap_or_default());
+        if tx.send(Ok(chunk)).await.is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_bodies_name_the_field() {
+        let e = parse_body::<SubmitBody>(b"{}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("command"));
+        let e = parse_body::<SubmitBody>(br#"{"command": 5}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("command"));
+        let e = parse_body::<SubmitBody>(br#"{"command": "x", "labels": "a"}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("labels"));
+        let e = parse_body::<SubmitBody>(br#"{"command": "x", "bogus": 1}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("bogus"));
+        let e = parse_body::<SubmitBody>(br#"{"command": "x", "timeout_secs": -1}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("timeout_secs"));
+        let e = parse_body::<SubmitBody>(b"{not json").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("body"));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn tokens_compare_equal_only_when_equal() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}

@@ -1,0 +1,345 @@
+//! Load generation for benchmarks: fake executors that speak the wire protocol with raw
+//! frames (accept every seat they have room for, finish each job at once), and the
+//! submit→committed latency bench on loopback.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use millrace_core::codec::{encode, FrameDecoder};
+use millrace_core::job::TerminalStatus;
+use millrace_core::wire::{
+    EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill, PROTOCOL_VERSION,
+};
+use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::cli::{BenchArgs, LoadgenArgs, MillTuning, Timing};
+use crate::clock::Clock;
+use crate::mill_driver::JobEventKind;
+use crate::node::{self, MillOptions};
+
+/// One fake executor session; runs until `stop` or the connection ends.
+pub async fn fake_executor(
+    addr: String,
+    node: String,
+    token: String,
+    seats: u32,
+    snapshot_interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut stream = TcpStream::connect(&addr).await?;
+    stream.set_nodelay(true)?;
+    let epoch = Epoch(crate::sqlite::random_u64()?);
+    let hello = ToMill::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        node_id: node,
+        epoch,
+        token,
+        labels: Vec::new(),
+        engines: vec!["shell".into()],
+    };
+    let frame = |m: &ToMill| encode(m).map_err(|e| std::io::Error::other(e.to_string()));
+    stream.write_all(&frame(&hello)?).await?;
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut reserved: BTreeSet<LeaseId> = BTreeSet::new();
+    let mut next_seqno = Seqno(1);
+    let mut snap_seqno = 0u64;
+    let mut welcomed = false;
+    let mut tick = tokio::time::interval(snapshot_interval);
+    let snapshot = |seqno: u64, reserved: &BTreeSet<LeaseId>| {
+        let used = u32::try_from(reserved.len()).unwrap_or(u32::MAX);
+        let load = f64::from(used) / f64::from(seats.max(1));
+        ToMill::Snapshot {
+            seqno,
+            engines: BTreeMap::from([(
+                "shell".to_string(),
+                EngineStatus {
+                    available: used < seats,
+                    capacity: seats,
+                    load: BTreeMap::from([("seats".to_string(), load.min(1.0))]),
+                },
+            )]),
+            active_leases: reserved.iter().copied().collect(),
+        }
+    };
+    loop {
+        let mut out: Vec<u8> = Vec::new();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+            _ = tick.tick() => {
+                if welcomed {
+                    snap_seqno += 1;
+                    out.extend(frame(&snapshot(snap_seqno, &reserved))?);
+                }
+            }
+            n = stream.read(&mut buf) => {
+                let n = n?;
+                if n == 0 {
+                    return Ok(());
+                }
+                decoder.push(buf.get(..n).unwrap_or_default());
+                while let Some(msg) = decoder
+                    .next_frame::<ToExecutor>()
+                    .map_err(|e| std::io::Error::other(e.to_string()))?
+                {
+                    match msg {
+                        ToExecutor::Welcome { cursor } => {
+                            welcomed = true;
+                            next_seqno = cursor.next();
+                            snap_seqno += 1;
+                            out.extend(frame(&snapshot(snap_seqno, &reserved))?);
+                        }
+                        ToExecutor::Refused { reason } => {
+                            return Err(std::io::Error::other(format!("refused: {reason}")));
+                        }
+                        ToExecutor::ReserveSeat { lease, .. } => {
+                            let fits = u32::try_from(reserved.len()).unwrap_or(u32::MAX) < seats;
+                            if fits {
+                                reserved.insert(lease);
+                            }
+                            out.extend(frame(&ToMill::ReserveResult {
+                                lease,
+                                accepted: fits,
+                                reject: (!fits).then_some(RejectKind::Transient),
+                                reason: if fits { String::new() } else { "busy".into() },
+                                resources: if fits {
+                                    Resources::from([("jobs".to_string(), 1)])
+                                } else {
+                                    Resources::new()
+                                },
+                            })?);
+                        }
+                        ToExecutor::CommitLease { lease, .. } => {
+                            let known = reserved.remove(&lease);
+                            out.extend(frame(&ToMill::CommitResult { lease, committed: known })?);
+                            if known {
+                                let running = Event { seqno: next_seqno, lease, kind: EventKind::Running };
+                                let done = Event {
+                                    seqno: next_seqno.next(),
+                                    lease,
+                                    kind: EventKind::Terminal {
+                                        status: TerminalStatus::Success,
+                                        exit_code: Some(0),
+                                        error: None,
+                                        log: None,
+                                    },
+                                };
+                                next_seqno = done.seqno.next();
+                                out.extend(frame(&ToMill::EventBatch { epoch, events: vec![running, done] })?);
+                            }
+                        }
+                        ToExecutor::ReleaseLease { lease } => {
+                            reserved.remove(&lease);
+                        }
+                        ToExecutor::CancelAttempt { lease, .. } => {
+                            reserved.remove(&lease);
+                            out.extend(frame(&ToMill::CancelAck { lease })?);
+                        }
+                        ToExecutor::Ack { .. } => {}
+                    }
+                }
+            }
+        }
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+        }
+    }
+}
+
+/// `millrace loadgen`: opens many fake executor sessions against a running mill.
+pub async fn loadgen(args: LoadgenArgs) -> Result<(), String> {
+    let token = node::read_token(&args.token_file).map_err(|e| e.to_string())?;
+    let (stop_tx, stop) = watch::channel(false);
+    let mut tasks = Vec::new();
+    for i in 0..args.executors {
+        let (addr, token, stop) = (args.mill.clone(), token.clone(), stop.clone());
+        let (seats, interval) = (args.seats, args.snapshot_interval);
+        tasks.push(tokio::spawn(async move {
+            let r = fake_executor(addr, format!("load-{i}"), token, seats, interval, stop).await;
+            if let Err(e) = r {
+                tracing::warn!(executor = i, error = %e, "fake executor ended");
+            }
+        }));
+    }
+    eprintln!("{} fake executors started for {:?}", args.executors, args.duration);
+    tokio::select! {
+        () = tokio::time::sleep(args.duration) => {}
+        () = node::signalled() => {}
+    }
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+/// `millrace bench`: an in-process mill with a real SQLite store on a temp dir, fake
+/// executors over loopback TCP, and HTTP submitters; reports submit→committed latency and
+/// placements/s.
+pub async fn bench(args: BenchArgs) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let token = "bench-token-0123456789".to_string();
+    let opts = MillOptions {
+        data: dir.path().to_path_buf(),
+        executor_listen: "127.0.0.1:0".into(),
+        http_listen: "127.0.0.1:0".into(),
+        token: token.clone(),
+        timing: Timing {
+            reconnect_grace: Duration::from_secs(45),
+            silence_timeout: Duration::from_secs(15),
+            snapshot_interval: Duration::from_secs(5),
+        },
+        tuning: MillTuning {
+            bid_timeout: Duration::from_secs(5),
+            top_k: 3,
+            max_pending: args.jobs.max(10_000),
+            cancel_ack_timeout: Duration::from_secs(10),
+            cancel_teardown_timeout: Duration::from_secs(600),
+            job_timeout: Duration::from_secs(86_400),
+            quarantine_strikes: 3,
+            max_sessions: 10_000,
+        },
+    };
+    let mill = node::start_mill(opts, Clock::start())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (stop_tx, stop) = watch::channel(false);
+    for i in 0..args.executors {
+        let addr = mill.executor_addr.to_string();
+        let (token, stop) = (token.clone(), stop.clone());
+        let seats = args.seats;
+        tokio::spawn(async move {
+            let r = fake_executor(addr, format!("bench-{i}"), token, seats, Duration::from_secs(1), stop)
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(executor = i, error = %e, "fake executor ended");
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = mill.handle.nodes().await.unwrap_or_default();
+        if n.iter().filter(|v| v.state == "connected").count() >= args.executors {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("fake executors did not connect within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Collect commit times from the driver's events (sent once the Running state is durable).
+    let committed: Arc<Mutex<HashMap<JobId, Instant>>> = Arc::default();
+    let mut sub = mill.events.subscribe();
+    let sink = committed.clone();
+    let target = args.jobs;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<u64>();
+    tokio::spawn(async move {
+        let mut lagged = 0u64;
+        loop {
+            match sub.recv().await {
+                Ok(ev) => {
+                    if let JobEventKind::State(millrace_core::job::JobState::Running { .. }) = ev.kind {
+                        if let Ok(mut m) = sink.lock() {
+                            m.insert(ev.job, ev.at);
+                            if m.len() >= target {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => lagged += n,
+                Err(_) => break,
+            }
+        }
+        let _ = done_tx.send(lagged);
+    });
+    let url = format!("http://{}", mill.http_addr);
+    let started = Instant::now();
+    let per = args.jobs.div_ceil(args.concurrency.max(1));
+    let rate = args.rate;
+    let conc = args.concurrency.max(1);
+    let mut threads = Vec::new();
+    for t in 0..conc {
+        let (url, token) = (url.clone(), token.clone());
+        let count = per.min(args.jobs.saturating_sub(t * per));
+        threads.push(std::thread::spawn(move || {
+            let c = crate::client::Client::with_token(&url, &token);
+            let mut sent = Vec::with_capacity(count);
+            let gap = if rate > 0 {
+                Some(Duration::from_secs_f64(conc as f64 / rate as f64))
+            } else {
+                None
+            };
+            for i in 0..count {
+                if let Some(g) = gap {
+                    let due = started + g * u32::try_from(i).unwrap_or(u32::MAX);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                }
+                let t0 = Instant::now();
+                let body = serde_json::json!({"command": "true"});
+                match c.post("/v1/jobs", &body) {
+                    Ok((201, v)) => {
+                        if let Some(id) = v.get("id").and_then(serde_json::Value::as_u64) {
+                            sent.push((JobId(id), t0));
+                        }
+                    }
+                    Ok((s, v)) => eprintln!("submit: HTTP {s}: {v}"),
+                    Err(e) => eprintln!("submit: {e}"),
+                }
+            }
+            sent
+        }));
+    }
+    let mut sent = Vec::new();
+    for t in threads {
+        sent.extend(t.join().map_err(|_| "submitter panicked".to_string())?);
+    }
+    let submitted_in = started.elapsed();
+    let lagged = tokio::time::timeout(Duration::from_secs(60), done_rx)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let map = committed.lock().map_err(|_| "poisoned")?.clone();
+    let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+        .map_err(|e| e.to_string())?;
+    let mut last = started;
+    for (job, t0) in &sent {
+        if let Some(t1) = map.get(job) {
+            let us = u64::try_from(t1.saturating_duration_since(*t0).as_micros()).unwrap_or(u64::MAX);
+            let _ = h.record(us.clamp(1, 60_000_000));
+            last = last.max(*t1);
+        }
+    }
+    let span = last.saturating_duration_since(started).as_secs_f64();
+    let stats = mill.handle.stats().await.unwrap_or_default();
+    println!("jobs submitted: {} in {:.2} s over HTTP ({} submitters)", sent.len(), submitted_in.as_secs_f64(), conc);
+    println!("jobs committed: {} (events lagged: {lagged})", h.len());
+    println!(
+        "submit -> committed: p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
+        h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+        h.value_at_quantile(0.999) as f64 / 1000.0,
+        h.max() as f64 / 1000.0
+    );
+    println!("placements/s: {:.0} ({} placed in {:.2} s)", h.len() as f64 / span.max(1e-9), h.len(), span);
+    println!(
+        "placement (queued -> published) p50 {:.2} ms p99 {:.2} ms p999 {:.2} ms; group commits {} (mean {:.2} ms, {:.1} jobs/commit)",
+        stats.p50_us as f64 / 1000.0,
+        stats.p99_us as f64 / 1000.0,
+        stats.p999_us as f64 / 1000.0,
+        stats.commits,
+        stats.commit_mean_us as f64 / 1000.0,
+        h.len() as f64 / stats.commits.max(1) as f64
+    );
+    let _ = stop_tx.send(true);
+    mill.stop().await.map_err(|e| e.to_string())?;
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! `millrace`: the production node. A thin tokio shell around the sans-IO core
+//! (`millrace_core`): TCP transport, SQLite stores, the shell engine, the HTTP API and the
+//! CLI. The shell only routes (STYLE habit 10): one driver thread per state machine feeds
+//! inputs, group-commits its `Persist` outputs, then acts on the rest in order.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod cli;
+mod client;
+mod clock;
+mod demo;
+mod exec_driver;
+mod exec_store;
+mod http;
+mod loadgen;
+mod logs;
+mod metrics;
+mod mill_driver;
+mod mill_store;
+mod net;
+mod node;
+mod shell;
+mod sqlite;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Cmd, LogFormat, QuarantineCmd};
+use clock::Clock;
+use node::{ExecOptions, MillOptions};
+
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Pretty => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet = matches!(
+        cli.cmd,
+        Cmd::Submit(_)
+            | Cmd::Status(_)
+            | Cmd::Cancel(_)
+            | Cmd::Jobs(_)
+            | Cmd::Nodes(_)
+            | Cmd::Quarantine { .. }
+            | Cmd::Demo(_)
+    );
+    if !quiet || std::env::var_os("RUST_LOG").is_some() {
+        init_logs(cli.log_format);
+    }
+    let client = |r: Result<(), client::ClientError>| match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("millrace: {e}");
+            ExitCode::from(2)
+        }
+    };
+    match cli.cmd {
+        Cmd::Submit(a) => match client::submit(&a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("millrace: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Cmd::Status(a) => client(client::status(&a)),
+        Cmd::Cancel(a) => client(client::cancel(&a)),
+        Cmd::Jobs(a) => client(client::jobs(&a)),
+        Cmd::Nodes(a) => client(client::nodes(&a)),
+        Cmd::Quarantine {
+            cmd: QuarantineCmd::Lift { node, client: c },
+        } => client(client::lift(&node, &c)),
+        cmd => serve(cmd),
+    }
+}
+
+fn serve(cmd: Cmd) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("millrace: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = rt.block_on(async move {
+        match cmd {
+            Cmd::Mill(a) => run_mill(a).await,
+            Cmd::Executor(a) => run_executor(a).await,
+            Cmd::Standalone(a) => run_standalone(a).await,
+            Cmd::Demo(a) => match demo::demo(a).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("some jobs did not succeed".to_string()),
+                Err(e) => Err(e),
+            },
+            Cmd::Loadgen(a) => loadgen::loadgen(a).await,
+            Cmd::Bench(a) => loadgen::bench(a).await,
+            _ => Err("not a server command".to_string()),
+        }
+    });
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "millrace stopped");
+            eprintln!("millrace: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
+    let token = match &a.token_file {
+        Some(f) => node::read_token(f),
+        None => node::ensure_token(&a.data.join("token")),
+    }
+    .map_err(|e| e.to_string())?;
+    let mill = node::start_mill(
+        MillOptions {
+            data: a.data.clone(),
+            executor_listen: a.executor_listen.clone(),
+            http_listen: a.http_listen.clone(),
+            token,
+            timing: a.timing.clone(),
+            tuning: a.tuning.clone(),
+        },
+        Clock::start(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    wait_or_fail(|| mill.driver_finished()).await;
+    tracing::info!("shutting down: no new connections; committing and closing the store");
+    mill.stop().await.map_err(|e| e.to_string())
+}
+
+/// Waits for a signal, or for a driver that stopped by itself (a failed commit).
+async fn wait_or_fail(finished: impl Fn() -> bool) {
+    let watch = async {
+        loop {
+            if finished() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    };
+    tokio::select! {
+        () = node::signalled() => {}
+        () = watch => {}
+    }
+}
+
+async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
+    let token = match &a.token_file {
+        Some(f) => node::read_token(f).map_err(|e| e.to_string())?,
+        None => std::env::var("MILLRACE_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .ok_or("an executor needs the mill's token: --token-file F or MILLRACE_TOKEN")?,
+    };
+    let exec = node::start_executor(
+        ExecOptions {
+            mill: a.mill.clone(),
+            node_id: a.node_id.clone(),
+            labels: a.labels.clone(),
+            engine: a.engine.clone(),
+            data: a.data.clone(),
+            token,
+            timing: a.timing.clone(),
+            tuning: a.tuning.clone(),
+        },
+        Clock::start(),
+        tokio::runtime::Handle::current(),
+    )
+    .map_err(|e| e.to_string())?;
+    wait_or_fail(|| exec.finished()).await;
+    tracing::info!("shutting down: draining");
+    exec.stop().await.map_err(|e| e.to_string())
+}
+
+async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
+    let token = node::ensure_token(&a.data.join("token")).map_err(|e| e.to_string())?;
+    let clock = Clock::start();
+    let mill = node::start_mill(
+        MillOptions {
+            data: a.data.clone(),
+            executor_listen: a.executor_listen.clone(),
+            http_listen: a.http_listen.clone(),
+            token: token.clone(),
+            timing: a.timing.clone(),
+            tuning: a.tuning.clone(),
+        },
+        clock,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let exec = node::start_executor(
+        ExecOptions {
+            mill: mill.executor_addr.to_string(),
+            node_id: a.node_id.clone(),
+            labels: a.labels.clone(),
+            engine: a.engine.clone(),
+            data: a.data.join("executor"),
+            token: token.clone(),
+            timing: a.timing.clone(),
+            tuning: a.exec.clone(),
+        },
+        clock,
+        tokio::runtime::Handle::current(),
+    );
+    let exec = match exec {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = mill.stop().await;
+            return Err(e.to_string());
+        }
+    };
+    println!(
+        "millrace standalone: API on http://{}  (token in {})",
+        mill.http_addr,
+        a.data.join("token").display()
+    );
+    println!("try: millrace submit --wait -- echo hello");
+    wait_or_fail(|| exec.finished() || mill.driver_finished()).await;
+    tracing::info!("shutting down: draining the local executor, then the mill");
+    let e = exec.stop().await;
+    let m = mill.stop().await;
+    e.map_err(|e| e.to_string())?;
+    m.map_err(|e| e.to_string())
+}

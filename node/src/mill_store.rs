@@ -1,0 +1,686 @@
+//! The mill's durable state in SQLite: a schema that mirrors `MillWrite` (M29).
+//!
+//! Jobs keep their spec (postcard) and latest state (JSON) forever, with a status history, so
+//! the HTTP API can answer for terminal jobs; the snapshot loaded at start holds only jobs
+//! that have not ended, as `MillSnapshot` wants. Every `Persist` of one driver step is applied
+//! in one transaction ([`MillStore::apply`]), which is what makes the group commit atomic.
+
+use std::path::{Path, PathBuf};
+
+use millrace_core::job::{Identity, JobSpec, JobState};
+use millrace_core::mill::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+use millrace_core::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
+
+/// The mill store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "mill",
+    file: "mill.db",
+    application_id: 0x4d52_4d31,
+    migrations: &[r"
+        CREATE TABLE counters (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            next_job INTEGER NOT NULL,
+            lease_floor INTEGER NOT NULL
+        );
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY,
+            spec BLOB NOT NULL,
+            submitted_at_ms INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            state_json TEXT NOT NULL,
+            done INTEGER NOT NULL,
+            updated_at_ms INTEGER NOT NULL
+        );
+        CREATE INDEX jobs_by_state ON jobs (state, id);
+        CREATE INDEX jobs_by_done ON jobs (done, id);
+        CREATE TABLE job_history (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            job INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            state_json TEXT NOT NULL,
+            at_ms INTEGER NOT NULL
+        );
+        CREATE INDEX job_history_by_job ON job_history (job, seq);
+        CREATE TABLE leases (
+            lease INTEGER PRIMARY KEY,
+            job INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            resources TEXT NOT NULL
+        );
+        CREATE TABLE cursors (
+            node TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            seqno INTEGER NOT NULL,
+            PRIMARY KEY (node, epoch)
+        );
+        CREATE TABLE quota_holds (
+            job INTEGER PRIMARY KEY,
+            identity TEXT NOT NULL,
+            charge TEXT NOT NULL
+        );
+        CREATE TABLE quarantine (
+            node TEXT PRIMARY KEY
+        );
+    "],
+};
+
+/// The mill's store, owned by the mill driver.
+pub struct MillStore {
+    opened: Opened,
+}
+
+impl MillStore {
+    /// Opens (or creates) the store under `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Ok(MillStore {
+            opened: sqlite::open(dir, &SCHEMA)?,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.opened.path
+    }
+
+    fn corrupt(&self, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.opened.path.clone(),
+            reason,
+        }
+    }
+
+    fn sq(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sqlite {
+            path: self.opened.path.clone(),
+            source,
+        }
+    }
+
+    /// Everything the mill needs at restart (M29); `None` for a store that holds nothing yet.
+    pub fn load(&self) -> Result<Option<MillSnapshot>, StoreError> {
+        let conn = &self.opened.conn;
+        let counters: Option<(i64, i64)> = conn
+            .query_row(
+                "SELECT next_job, lease_floor FROM counters WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(self.sq())?;
+        let Some((next_job, lease_floor)) = counters else {
+            return Ok(None);
+        };
+        let mut snap = MillSnapshot {
+            next_job: JobId(to_u64(next_job)),
+            lease_floor: LeaseId(to_u64(lease_floor)),
+            ..MillSnapshot::default()
+        };
+        let mut stmt = conn
+            .prepare("SELECT id, spec, submitted_at_ms, state_json FROM jobs WHERE done = 0")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (id, spec, at, state) = row.map_err(self.sq())?;
+            let spec: JobSpec = postcard::from_bytes(&spec)
+                .map_err(|e| self.corrupt(format!("job {id}: spec: {e}")))?;
+            let state: JobState = serde_json::from_str(&state)
+                .map_err(|e| self.corrupt(format!("job {id}: state: {e}")))?;
+            snap.jobs.insert(
+                JobId(to_u64(id)),
+                JobRecord {
+                    spec,
+                    submitted_at_ms: to_u64(at),
+                    state,
+                },
+            );
+        }
+        let mut stmt = conn
+            .prepare("SELECT lease, job, node, epoch, state, resources FROM leases")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (lease, job, node, epoch, state, resources) = row.map_err(self.sq())?;
+            let node = NodeId::new(node)
+                .map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
+            let state = match state.as_str() {
+                "reserved" => LeaseState::Reserved,
+                "running" => LeaseState::Running,
+                other => return Err(self.corrupt(format!("lease {lease}: state {other:?}"))),
+            };
+            let resources: Resources = serde_json::from_str(&resources)
+                .map_err(|e| self.corrupt(format!("lease {lease}: resources: {e}")))?;
+            let lease = LeaseId(to_u64(lease));
+            snap.leases.insert(
+                lease,
+                LeaseRecord {
+                    lease,
+                    job: JobId(to_u64(job)),
+                    node,
+                    epoch: Epoch(to_u64(epoch)),
+                    resources,
+                    state,
+                },
+            );
+        }
+        let mut stmt = conn
+            .prepare("SELECT node, epoch, seqno FROM cursors")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (node, epoch, seqno) = row.map_err(self.sq())?;
+            let node =
+                NodeId::new(node).map_err(|e| self.corrupt(format!("cursor: node: {e}")))?;
+            snap.cursors
+                .insert((node, Epoch(to_u64(epoch))), Seqno(to_u64(seqno)));
+        }
+        let mut stmt = conn
+            .prepare("SELECT job, identity, charge FROM quota_holds")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (job, identity, charge) = row.map_err(self.sq())?;
+            let identity: Identity = serde_json::from_str(&identity)
+                .map_err(|e| self.corrupt(format!("quota hold {job}: identity: {e}")))?;
+            let charge: Resources = serde_json::from_str(&charge)
+                .map_err(|e| self.corrupt(format!("quota hold {job}: charge: {e}")))?;
+            snap.quota_holds
+                .insert(JobId(to_u64(job)), (identity, charge));
+        }
+        let mut stmt = conn
+            .prepare("SELECT node FROM quarantine")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(self.sq())?;
+        for row in rows {
+            let node = row.map_err(self.sq())?;
+            let node =
+                NodeId::new(node).map_err(|e| self.corrupt(format!("quarantine: {e}")))?;
+            snap.quarantined.insert(node);
+        }
+        Ok(Some(snap))
+    }
+
+    /// Applies every batch of one driver step in one transaction (group commit).
+    pub fn apply(&mut self, batches: &[MillBatch], now_ms: u64) -> Result<(), StoreError> {
+        let path = self.opened.path.clone();
+        let sq = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.opened.conn.transaction().map_err(sq)?;
+        for batch in batches {
+            for write in &batch.writes {
+                apply_write(&tx, write, now_ms).map_err(|e| match e {
+                    WriteError::Sql(source) => StoreError::Sqlite {
+                        path: path.clone(),
+                        source,
+                    },
+                    WriteError::Encode(reason) => StoreError::Corrupt {
+                        path: path.clone(),
+                        reason,
+                    },
+                })?;
+            }
+        }
+        tx.commit().map_err(sq)
+    }
+
+    /// Checkpoints the WAL and closes the store (clean shutdown).
+    pub fn close(self) -> Result<(), StoreError> {
+        let path = self.opened.path.clone();
+        self.opened
+            .conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|source| StoreError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
+        self.opened
+            .conn
+            .close()
+            .map_err(|(_, source)| StoreError::Sqlite { path, source })?;
+        drop(self.opened.lock);
+        Ok(())
+    }
+}
+
+enum WriteError {
+    Sql(rusqlite::Error),
+    Encode(String),
+}
+
+impl From<rusqlite::Error> for WriteError {
+    fn from(e: rusqlite::Error) -> Self {
+        WriteError::Sql(e)
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> Result<String, WriteError> {
+    serde_json::to_string(v).map_err(|e| WriteError::Encode(e.to_string()))
+}
+
+fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), WriteError> {
+    let now = to_i64(now_ms);
+    match write {
+        MillWrite::Counters {
+            next_job,
+            lease_floor,
+        } => {
+            tx.execute(
+                "INSERT INTO counters (id, next_job, lease_floor) VALUES (1, ?1, ?2)
+                 ON CONFLICT (id) DO UPDATE SET
+                   next_job = max(next_job, excluded.next_job),
+                   lease_floor = max(lease_floor, excluded.lease_floor)",
+                params![to_i64(next_job.get()), to_i64(lease_floor.get())],
+            )?;
+        }
+        MillWrite::JobInsert { job, record } => {
+            let spec = postcard::to_allocvec(&record.spec)
+                .map_err(|e| WriteError::Encode(e.to_string()))?;
+            let state = json(&record.state)?;
+            tx.execute(
+                "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    to_i64(job.get()),
+                    spec,
+                    to_i64(record.submitted_at_ms),
+                    record.state.name(),
+                    state,
+                    matches!(record.state, JobState::Done(_)),
+                    now
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO job_history (job, state, state_json, at_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![to_i64(job.get()), record.state.name(), state, now],
+            )?;
+        }
+        MillWrite::JobState { job, state } => {
+            let s = json(state)?;
+            tx.execute(
+                "UPDATE jobs SET state = ?2, state_json = ?3, done = ?4, updated_at_ms = ?5
+                 WHERE id = ?1",
+                params![
+                    to_i64(job.get()),
+                    state.name(),
+                    s,
+                    matches!(state, JobState::Done(_)),
+                    now
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO job_history (job, state, state_json, at_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![to_i64(job.get()), state.name(), s, now],
+            )?;
+        }
+        MillWrite::LeaseUpsert(record) => {
+            let state = match record.state {
+                LeaseState::Reserved => "reserved",
+                LeaseState::Running => "running",
+            };
+            tx.execute(
+                "INSERT INTO leases (lease, job, node, epoch, state, resources)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (lease) DO UPDATE SET job = excluded.job, node = excluded.node,
+                   epoch = excluded.epoch, state = excluded.state, resources = excluded.resources",
+                params![
+                    to_i64(record.lease.get()),
+                    to_i64(record.job.get()),
+                    record.node.as_str(),
+                    to_i64(record.epoch.get()),
+                    state,
+                    json(&record.resources)?
+                ],
+            )?;
+        }
+        MillWrite::LeaseDelete { lease } => {
+            tx.execute(
+                "DELETE FROM leases WHERE lease = ?1",
+                params![to_i64(lease.get())],
+            )?;
+        }
+        MillWrite::Cursor { node, epoch, seqno } => {
+            tx.execute(
+                "INSERT INTO cursors (node, epoch, seqno) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (node, epoch) DO UPDATE SET seqno = excluded.seqno",
+                params![node.as_str(), to_i64(epoch.get()), to_i64(seqno.get())],
+            )?;
+        }
+        MillWrite::QuotaHold {
+            job,
+            identity,
+            charge,
+        } => {
+            tx.execute(
+                "INSERT INTO quota_holds (job, identity, charge) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (job) DO UPDATE SET identity = excluded.identity,
+                   charge = excluded.charge",
+                params![to_i64(job.get()), json(identity)?, json(charge)?],
+            )?;
+        }
+        MillWrite::QuotaRelease { job } => {
+            tx.execute(
+                "DELETE FROM quota_holds WHERE job = ?1",
+                params![to_i64(job.get())],
+            )?;
+        }
+        MillWrite::Quarantine { node, quarantined } => {
+            if *quarantined {
+                tx.execute(
+                    "INSERT OR IGNORE INTO quarantine (node) VALUES (?1)",
+                    params![node.as_str()],
+                )?;
+            } else {
+                tx.execute(
+                    "DELETE FROM quarantine WHERE node = ?1",
+                    params![node.as_str()],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One job as the HTTP API shows it.
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    /// The job.
+    pub id: JobId,
+    /// What was submitted.
+    pub spec: JobSpec,
+    /// Wall-clock submission time.
+    pub submitted_at_ms: u64,
+    /// Latest state.
+    pub state: JobState,
+    /// When it last changed (wall clock).
+    pub updated_at_ms: u64,
+}
+
+/// One status-history entry.
+#[derive(Debug, Clone)]
+pub struct HistoryRow {
+    /// The state entered.
+    pub state: JobState,
+    /// When (wall clock).
+    pub at_ms: u64,
+}
+
+/// Read-only queries for the HTTP API, on their own connection.
+pub struct MillReader {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl MillReader {
+    /// Opens a reader on the store file at `path` (the writer must have created it).
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Ok(MillReader {
+            conn: sqlite::open_reader(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn err(&self, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    fn row(&self, r: (i64, Vec<u8>, i64, String, i64)) -> Result<JobRow, StoreError> {
+        let (id, spec, at, state, updated) = r;
+        Ok(JobRow {
+            id: JobId(to_u64(id)),
+            spec: postcard::from_bytes(&spec)
+                .map_err(|e| self.err(format!("job {id}: spec: {e}")))?,
+            submitted_at_ms: to_u64(at),
+            state: serde_json::from_str(&state)
+                .map_err(|e| self.err(format!("job {id}: state: {e}")))?,
+            updated_at_ms: to_u64(updated),
+        })
+    }
+
+    /// One job, if it exists.
+    pub fn job(&self, id: JobId) -> Result<Option<JobRow>, StoreError> {
+        let raw = self
+            .conn
+            .query_row(
+                "SELECT id, spec, submitted_at_ms, state_json, updated_at_ms FROM jobs WHERE id = ?1",
+                params![to_i64(id.get())],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .optional()
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })?;
+        raw.map(|r| self.row(r)).transpose()
+    }
+
+    /// A job's status history, oldest first.
+    pub fn history(&self, id: JobId) -> Result<Vec<HistoryRow>, StoreError> {
+        let sq = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT state_json, at_ms FROM job_history WHERE job = ?1 ORDER BY seq LIMIT 1000",
+            )
+            .map_err(sq)?;
+        let rows = stmt
+            .query_map(params![to_i64(id.get())], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(sq)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (state, at) = row.map_err(sq)?;
+            out.push(HistoryRow {
+                state: serde_json::from_str(&state)
+                    .map_err(|e| self.err(format!("job {id} history: {e}")))?,
+                at_ms: to_u64(at),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Jobs, newest first, optionally of one state name (`queued`, `running`, `success`, …,
+    /// or `active` / `done`).
+    pub fn jobs(&self, state: Option<&str>, limit: usize) -> Result<Vec<JobRow>, StoreError> {
+        let sq = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let base = "SELECT id, spec, submitted_at_ms, state_json, updated_at_ms FROM jobs";
+        let (sql, arg): (String, Option<String>) = match state {
+            None => (format!("{base} ORDER BY id DESC LIMIT ?1"), None),
+            Some("active") => (
+                format!("{base} WHERE done = 0 ORDER BY id DESC LIMIT ?1"),
+                None,
+            ),
+            Some("done") => (
+                format!("{base} WHERE done = 1 ORDER BY id DESC LIMIT ?1"),
+                None,
+            ),
+            Some(s) => (
+                format!("{base} WHERE state = ?2 ORDER BY id DESC LIMIT ?1"),
+                Some(s.to_string()),
+            ),
+        };
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(sq)?;
+        let map = |r: &rusqlite::Row<'_>| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        };
+        let raw: Vec<(i64, Vec<u8>, i64, String, i64)> = match &arg {
+            None => stmt
+                .query_map(params![limit], map)
+                .map_err(sq)?
+                .collect::<Result<_, _>>()
+                .map_err(sq)?,
+            Some(a) => stmt
+                .query_map(params![limit, a], map)
+                .map_err(sq)?
+                .collect::<Result<_, _>>()
+                .map_err(sq)?,
+        };
+        raw.into_iter().map(|r| self.row(r)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_core::job::{Terminal, TerminalStatus};
+    use std::collections::BTreeSet;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            engine: "shell".into(),
+            labels: BTreeSet::new(),
+            resources: Resources::new(),
+            identity: Identity {
+                owner: "o".into(),
+                repo: "r".into(),
+            },
+            timeout: None,
+            payload: b"echo hi".to_vec(),
+        }
+    }
+
+    /// The store must hold exactly what `MillSnapshot::apply` holds for the same batches (M29).
+    #[test]
+    fn m29_store_mirrors_the_reference_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeId::new("n1").unwrap();
+        let batches = vec![
+            MillBatch {
+                writes: vec![
+                    MillWrite::Counters {
+                        next_job: JobId(3),
+                        lease_floor: LeaseId(1025),
+                    },
+                    MillWrite::JobInsert {
+                        job: JobId(1),
+                        record: JobRecord {
+                            spec: spec(),
+                            submitted_at_ms: 5,
+                            state: JobState::Queued,
+                        },
+                    },
+                    MillWrite::JobInsert {
+                        job: JobId(2),
+                        record: JobRecord {
+                            spec: spec(),
+                            submitted_at_ms: 6,
+                            state: JobState::Queued,
+                        },
+                    },
+                ],
+            },
+            MillBatch {
+                writes: vec![
+                    MillWrite::LeaseUpsert(LeaseRecord {
+                        lease: LeaseId(7),
+                        job: JobId(1),
+                        node: node.clone(),
+                        epoch: Epoch(u64::MAX - 3),
+                        resources: Resources::from([("jobs".to_string(), 1)]),
+                        state: LeaseState::Running,
+                    }),
+                    MillWrite::JobState {
+                        job: JobId(1),
+                        state: JobState::Running {
+                            lease: LeaseId(7),
+                            node: node.clone(),
+                        },
+                    },
+                    MillWrite::JobState {
+                        job: JobId(2),
+                        state: JobState::Done(Terminal::by_mill(TerminalStatus::Cancelled, "x")),
+                    },
+                    MillWrite::Cursor {
+                        node: node.clone(),
+                        epoch: Epoch(u64::MAX - 3),
+                        seqno: Seqno(4),
+                    },
+                    MillWrite::QuotaHold {
+                        job: JobId(1),
+                        identity: spec().identity,
+                        charge: Resources::from([("jobs".to_string(), 1)]),
+                    },
+                    MillWrite::Quarantine {
+                        node: NodeId::new("bad").unwrap(),
+                        quarantined: true,
+                    },
+                ],
+            },
+        ];
+        let mut reference = MillSnapshot::default();
+        for b in &batches {
+            reference.apply(b);
+        }
+        {
+            let mut store = MillStore::open(dir.path()).unwrap();
+            assert_eq!(store.load().unwrap(), None);
+            store.apply(&batches, 1).unwrap();
+            store.close().unwrap();
+        }
+        let store = MillStore::open(dir.path()).unwrap();
+        assert_eq!(store.load().unwrap(), Some(reference));
+        // Terminal jobs stay queryable.
+        let reader = MillReader::open(store.path()).unwrap();
+        let done = reader.job(JobId(2)).unwrap().unwrap();
+        assert_eq!(done.state.name(), "cancelled");
+        assert_eq!(reader.history(JobId(1)).unwrap().len(), 2);
+        assert_eq!(reader.jobs(Some("running"), 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(Some("done"), 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(None, 10).unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,168 @@
+//! Connection tasks: they only frame bytes. A reader turns bytes into messages for its
+//! driver; a writer turns the driver's messages into frames. A frame over the limit or a
+//! malformed one closes that connection only, and the driver hears `Disconnected` once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use millrace_core::codec::{encode_into, CodecError, FrameDecoder};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Messages queued towards one connection, at most. A peer that falls this far behind is
+/// disconnected rather than buffered without bound.
+pub const OUT_QUEUE: usize = 8192;
+
+/// Bytes read from a socket at once.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Frames written in one `write_all`, at most.
+const WRITE_BATCH: usize = 256;
+
+/// What a driver asks of a connection's writer.
+#[derive(Debug)]
+pub enum ConnOut<M> {
+    /// Frame and send a message.
+    Send(M),
+    /// Send what is queued, then close.
+    Close(String),
+}
+
+/// How a connection ended, for the logs.
+#[derive(Debug)]
+pub enum Ended {
+    /// The peer closed it.
+    PeerClosed,
+    /// The driver closed it.
+    Closed(String),
+    /// The driver dropped it (gone, or the queue overflowed).
+    Dropped,
+    /// A bad frame (too large or malformed).
+    Codec(CodecError),
+    /// A socket error.
+    Io(std::io::Error),
+    /// The driver is gone.
+    DriverGone,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::PeerClosed => f.write_str("peer closed the connection"),
+            Ended::Closed(r) => write!(f, "closed: {r}"),
+            Ended::Dropped => f.write_str("dropped by the driver"),
+            Ended::Codec(e) => write!(f, "bad frame: {e}"),
+            Ended::Io(e) => write!(f, "socket error: {e}"),
+            Ended::DriverGone => f.write_str("driver stopped"),
+        }
+    }
+}
+
+/// Runs one connection until either side ends it; returns how it ended. The caller reports
+/// `Disconnected` to its driver afterwards, exactly once.
+pub async fn run<In, Out, D, Fut>(
+    stream: TcpStream,
+    out: mpsc::Receiver<ConnOut<Out>>,
+    decode: fn(&mut FrameDecoder) -> Result<Option<In>, CodecError>,
+    deliver: D,
+) -> Ended
+where
+    Out: Serialize + Send + 'static,
+    D: FnMut(In) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let mut writer = tokio::spawn(write_loop(wr, out));
+    let reader = read_loop(rd, decode, deliver);
+    tokio::select! {
+        ended = reader => {
+            writer.abort();
+            ended
+        }
+        ended = &mut writer => ended.unwrap_or(Ended::Dropped),
+    }
+}
+
+async fn read_loop<In, D, Fut>(
+    mut rd: OwnedReadHalf,
+    decode: fn(&mut FrameDecoder) -> Result<Option<In>, CodecError>,
+    mut deliver: D,
+) -> Ended
+where
+    D: FnMut(In) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut decoder = FrameDecoder::new();
+    loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) => return Ended::PeerClosed,
+            Ok(n) => n,
+            Err(e) => return Ended::Io(e),
+        };
+        decoder.push(buf.get(..n).unwrap_or_default());
+        loop {
+            match decode(&mut decoder) {
+                Ok(Some(msg)) => {
+                    if !deliver(msg).await {
+                        return Ended::DriverGone;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Ended::Codec(e),
+            }
+        }
+    }
+}
+
+async fn write_loop<Out: Serialize>(
+    mut wr: OwnedWriteHalf,
+    mut out: mpsc::Receiver<ConnOut<Out>>,
+) -> Ended {
+    let mut frames = Vec::with_capacity(64 * 1024);
+    loop {
+        let Some(first) = out.recv().await else {
+            let _ = wr.shutdown().await;
+            return Ended::Dropped;
+        };
+        let mut close = None;
+        let mut next = Some(first);
+        let mut n = 0;
+        while let Some(item) = next.take() {
+            match item {
+                ConnOut::Send(msg) => {
+                    if let Err(e) = encode_into(&msg, &mut frames) {
+                        // Our own message does not fit a frame: nothing sane to send.
+                        return Ended::Codec(e);
+                    }
+                }
+                ConnOut::Close(reason) => {
+                    close = Some(reason);
+                    break;
+                }
+            }
+            n += 1;
+            if n < WRITE_BATCH {
+                next = out.try_recv().ok();
+            }
+        }
+        if !frames.is_empty() {
+            if let Err(e) = wr.write_all(&frames).await {
+                return Ended::Io(e);
+            }
+            frames.clear();
+            if frames.capacity() > 4 * 1024 * 1024 {
+                frames = Vec::with_capacity(64 * 1024);
+            }
+        }
+        if let Some(reason) = close {
+            // Give the peer a moment to read what was sent (a Refused) before the close.
+            let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
+            return Ended::Closed(reason);
+        }
+    }
+}

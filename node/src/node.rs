@@ -1,0 +1,482 @@
+//! Assembling processes: a mill (store, driver, executor listener, HTTP API) and executors
+//! (store, driver, shell engine), with start-up checks and clean shutdown.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use millrace_core::codec::FrameDecoder;
+use millrace_core::executor::{EngineConfig, Executor, ExecutorConfig};
+use millrace_core::mill::{Mill, MillConfig, MillInput};
+use millrace_core::{ConnId, NodeId};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::cli::{ExecTuning, MillTuning, Timing};
+use crate::clock::Clock;
+use crate::exec_driver::{self, ExecDriverParts};
+use crate::exec_store::ExecStore;
+use crate::http::{self, Api};
+use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
+use crate::mill_store::{MillReader, MillStore};
+use crate::net::{self, OUT_QUEUE};
+use crate::shell::ShellEngine;
+
+/// Why a node could not start or stopped badly. Messages name the path or setting.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A store could not be opened or loaded.
+    #[error("{0}")]
+    Store(#[from] crate::sqlite::StoreError),
+    /// A setting is invalid.
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// A file or socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A driver failed.
+    #[error("{0}")]
+    Driver(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
+    let what = what.into();
+    move |source| NodeError::Io { what, source }
+}
+
+/// Reads a token file (trimmed), refusing an empty one.
+pub fn read_token(path: &Path) -> Result<String, NodeError> {
+    let t = std::fs::read_to_string(path).map_err(io(format!("token file {}", path.display())))?;
+    let t = t.trim().to_string();
+    if t.is_empty() {
+        return Err(NodeError::Config(format!(
+            "token file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(t)
+}
+
+/// The token at `path`, made (random, 0600) if the file does not exist.
+pub fn ensure_token(path: &Path) -> Result<String, NodeError> {
+    if path.exists() {
+        return read_token(path);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io(format!("directory {}", dir.display())))?;
+    }
+    let mut token = String::new();
+    for _ in 0..4 {
+        let r = crate::sqlite::random_u64().map_err(io("reading /dev/urandom"))?;
+        token.push_str(&format!("{r:016x}"));
+    }
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(format!("token file {}", path.display())))?;
+    writeln!(f, "{token}").map_err(io(format!("token file {}", path.display())))?;
+    tracing::info!(path = %path.display(), "generated a new token");
+    Ok(token)
+}
+
+/// Everything a mill needs.
+#[derive(Debug, Clone)]
+pub struct MillOptions {
+    /// Data directory.
+    pub data: PathBuf,
+    /// Executor listener address.
+    pub executor_listen: String,
+    /// HTTP listener address.
+    pub http_listen: String,
+    /// The shared token.
+    pub token: String,
+    /// Timers.
+    pub timing: Timing,
+    /// Mill settings.
+    pub tuning: MillTuning,
+}
+
+impl MillOptions {
+    fn config(&self) -> MillConfig {
+        MillConfig {
+            reconnect_grace: self.timing.reconnect_grace,
+            silence_timeout: self.timing.silence_timeout,
+            snapshot_interval: self.timing.snapshot_interval,
+            bid_timeout: self.tuning.bid_timeout,
+            top_k: self.tuning.top_k,
+            max_pending: self.tuning.max_pending,
+            cancel_ack_timeout: self.tuning.cancel_ack_timeout,
+            cancel_teardown_timeout: self.tuning.cancel_teardown_timeout,
+            job_timeout: self.tuning.job_timeout,
+            quarantine_strikes: self.tuning.quarantine_strikes,
+            executor_token: Some(self.token.clone()),
+            max_sessions: self.tuning.max_sessions,
+            ..MillConfig::default()
+        }
+    }
+}
+
+/// A running mill.
+pub struct MillNode {
+    /// Where the HTTP API listens.
+    pub http_addr: SocketAddr,
+    /// Where executors connect.
+    pub executor_addr: SocketAddr,
+    /// The driver.
+    pub handle: MillHandle,
+    /// Job events (after they are durable).
+    pub events: broadcast::Sender<JobEvent>,
+    shutdown: watch::Sender<bool>,
+    driver: std::thread::JoinHandle<Result<(), mill_driver::DriverError>>,
+    logs: std::thread::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Opens the store, restores the mill (M29), binds both listeners and starts serving.
+pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
+    let store = MillStore::open(&opts.data)?;
+    let snapshot = store.load()?;
+    let restored = snapshot.as_ref().map(|s| s.cursors.clone()).unwrap_or_default();
+    if let Some(s) = &snapshot {
+        tracing::info!(
+            store = %store.path().display(),
+            jobs = s.jobs.len(),
+            leases = s.leases.len(),
+            quarantined = s.quarantined.len(),
+            "restoring the mill from its store"
+        );
+    }
+    let mill = Mill::new(opts.config(), snapshot, clock.now())
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+    let reader = MillReader::open(store.path())?;
+    let (events, _) = broadcast::channel(EVENT_BUFFER);
+    let (log_tx, logs) =
+        crate::logs::spawn_writer(opts.data.clone(), events.clone()).map_err(io("job log writer"))?;
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (handle, driver) = mill_driver::spawn(
+        mill,
+        store,
+        clock,
+        events.clone(),
+        log_tx,
+        restored,
+        shutdown_rx.clone(),
+    )
+    .map_err(io("mill driver thread"))?;
+
+    let exec_listener = TcpListener::bind(&opts.executor_listen)
+        .await
+        .map_err(io(format!("executor listener {}", opts.executor_listen)))?;
+    let executor_addr = exec_listener
+        .local_addr()
+        .map_err(io("executor listener address"))?;
+    let http_listener = TcpListener::bind(&opts.http_listen)
+        .await
+        .map_err(io(format!("HTTP listener {}", opts.http_listen)))?;
+    let http_addr = http_listener.local_addr().map_err(io("HTTP listener address"))?;
+    for (what, addr) in [("executor", executor_addr), ("HTTP", http_addr)] {
+        if !is_loopback(&addr) {
+            tracing::warn!(
+                %addr,
+                "!!! the {what} listener is on a non-loopback address WITHOUT TLS: the token and all traffic cross the network in clear text. Use a private network or a tunnel until TLS lands. !!!"
+            );
+            eprintln!("WARNING: millrace {what} listener on {addr} has no TLS; traffic and the token are in clear text.");
+        }
+    }
+    let addr_file = opts.data.join("addr.json");
+    let addrs = serde_json::json!({
+        "http": http_addr.to_string(),
+        "executor": executor_addr.to_string(),
+        "pid": std::process::id(),
+    });
+    std::fs::write(&addr_file, addrs.to_string())
+        .map_err(io(format!("address file {}", addr_file.display())))?;
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(accept_loop(
+        exec_listener,
+        handle.sender(),
+        shutdown_rx.clone(),
+    )));
+    let api = Api {
+        mill: handle.clone(),
+        reader: Arc::new(Mutex::new(reader)),
+        token: Arc::new(opts.token.clone()),
+        events: events.clone(),
+        data: opts.data.clone(),
+    };
+    let app = http::router(api);
+    let mut http_shutdown = shutdown_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let serve = axum::serve(http_listener, app).with_graceful_shutdown(async move {
+            let _ = http_shutdown.wait_for(|s| *s).await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    }));
+    tracing::info!(http = %http_addr, executors = %executor_addr, data = %opts.data.display(), "mill listening");
+    Ok(MillNode {
+        http_addr,
+        executor_addr,
+        handle,
+        events,
+        shutdown,
+        driver,
+        logs,
+        tasks,
+    })
+}
+
+impl MillNode {
+    /// Stops accepting, lets in-flight HTTP requests finish (bounded), commits what is left
+    /// and closes the store.
+    pub async fn stop(self) -> Result<(), NodeError> {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            // Log followers may hold the HTTP server open; do not wait for them forever.
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        let driver = self.driver;
+        let result = tokio::task::spawn_blocking(move || driver.join())
+            .await
+            .map_err(|e| NodeError::Driver(e.to_string()))?;
+        drop(self.handle);
+        drop(self.events);
+        let logs = self.logs;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::task::spawn_blocking(move || logs.join()),
+        )
+        .await;
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::Driver(e.to_string())),
+            Err(_) => Err(NodeError::Driver("the mill driver panicked".into())),
+        }
+    }
+
+    /// Whether the driver thread has stopped (a failed commit stops it).
+    pub fn driver_finished(&self) -> bool {
+        self.driver.is_finished()
+    }
+}
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+async fn accept_loop(
+    listener: TcpListener,
+    tx: mpsc::Sender<MillCmd>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let conn = ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed));
+        let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+        if tx
+            .send(MillCmd::Connected { conn, tx: out_tx })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        tracing::debug!(%conn, %peer, "executor connection accepted");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let deliver = tx.clone();
+            let ended = net::run(
+                stream,
+                out_rx,
+                |d: &mut FrameDecoder| d.next_to_mill(),
+                move |msg| {
+                    let tx = deliver.clone();
+                    async move {
+                        tx.send(MillCmd::Net(MillInput::Message { conn, msg }))
+                            .await
+                            .is_ok()
+                    }
+                },
+            )
+            .await;
+            match &ended {
+                net::Ended::Codec(e) => {
+                    tracing::warn!(%conn, %peer, error = %e, "bad frame from executor; connection closed")
+                }
+                other => tracing::debug!(%conn, %peer, reason = %other, "executor connection ended"),
+            }
+            let _ = tx
+                .send(MillCmd::Net(MillInput::Disconnected { conn }))
+                .await;
+        });
+    }
+}
+
+/// Everything an executor needs.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// The mill's executor address.
+    pub mill: String,
+    /// Node id.
+    pub node_id: String,
+    /// Labels.
+    pub labels: Vec<String>,
+    /// `shell` or `shell:N`.
+    pub engine: String,
+    /// Data directory.
+    pub data: PathBuf,
+    /// The token.
+    pub token: String,
+    /// Timers.
+    pub timing: Timing,
+    /// Executor settings.
+    pub tuning: ExecTuning,
+}
+
+/// Parses `shell` or `shell:N` (default seats: the CPU count).
+pub fn parse_engine(s: &str) -> Result<(String, u32), NodeError> {
+    let (name, seats) = match s.split_once(':') {
+        Some((n, c)) => {
+            let c = c.parse::<u32>().map_err(|_| {
+                NodeError::Config(format!("--engine {s:?}: seats {c:?} is not a number"))
+            })?;
+            (n, c)
+        }
+        None => {
+            let cpus = std::thread::available_parallelism()
+                .map(|n| u32::try_from(n.get()).unwrap_or(1))
+                .unwrap_or(1);
+            (s, cpus)
+        }
+    };
+    if name != "shell" {
+        return Err(NodeError::Config(format!(
+            "--engine {s:?}: only the shell engine exists"
+        )));
+    }
+    Ok((name.to_string(), seats))
+}
+
+/// A running executor.
+pub struct ExecNode {
+    shutdown: watch::Sender<bool>,
+    driver: std::thread::JoinHandle<Result<(), exec_driver::ExecDriverError>>,
+}
+
+/// Opens the store (a new one gets a random epoch, E1), kills leftovers of the previous
+/// process (E9) and starts the driver, which dials the mill.
+pub fn start_executor(
+    opts: ExecOptions,
+    clock: Clock,
+    runtime: tokio::runtime::Handle,
+) -> Result<ExecNode, NodeError> {
+    let node_id = NodeId::new(opts.node_id.clone())
+        .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
+    let (name, seats) = parse_engine(&opts.engine)?;
+    let (store, snapshot) = ExecStore::open(&opts.data)?;
+    if !snapshot.jobs.is_empty() {
+        tracing::warn!(jobs = snapshot.jobs.len(), "jobs of the previous process end \"executor restarted\" (E9)");
+    }
+    ShellEngine::reap_previous(&opts.data);
+    let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
+    config.labels = opts.labels.iter().filter(|l| !l.is_empty()).cloned().collect();
+    config.engines = [(name, EngineConfig::seats(seats))].into_iter().collect();
+    config.snapshot_interval = opts.timing.snapshot_interval;
+    config.silence_timeout = opts.timing.silence_timeout;
+    config.reconnect_grace = opts.timing.reconnect_grace;
+    config.backoff_min = opts.tuning.backoff_min;
+    config.backoff_max = opts.tuning.backoff_max;
+    config.stop_grace = opts.tuning.stop_grace;
+    config.backoff_seed = crate::sqlite::random_u64().unwrap_or(0);
+    config.outbox_capacity = config
+        .outbox_capacity
+        .max(usize::try_from(seats).unwrap_or(usize::MAX).saturating_mul(2));
+    let epoch = snapshot.epoch;
+    let executor = Executor::try_new(config, snapshot, clock.now())
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+    let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
+    let engine = ShellEngine::new(&opts.data, tx.clone(), runtime.clone(), opts.tuning.job_hard_cap)
+        .map_err(io(format!("executor data {}", opts.data.display())))?;
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let driver = exec_driver::spawn(
+        ExecDriverParts {
+            executor,
+            store,
+            clock,
+            mill: opts.mill.clone(),
+            engine,
+            drain_timeout: opts.tuning.drain_timeout,
+            runtime,
+        },
+        tx,
+        rx,
+        shutdown_rx,
+    )
+    .map_err(io("executor driver thread"))?;
+    tracing::info!(node = %node_id, %epoch, mill = %opts.mill, seats, data = %opts.data.display(), "executor started");
+    Ok(ExecNode { shutdown, driver })
+}
+
+impl ExecNode {
+    /// Drains (no new seats; running jobs finish and the outbox is acked, up to the drain
+    /// timeout), then closes the store.
+    pub async fn stop(self) -> Result<(), NodeError> {
+        let _ = self.shutdown.send(true);
+        let driver = self.driver;
+        let r = tokio::task::spawn_blocking(move || driver.join())
+            .await
+            .map_err(|e| NodeError::Driver(e.to_string()))?;
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::Driver(e.to_string())),
+            Err(_) => Err(NodeError::Driver("the executor driver panicked".into())),
+        }
+    }
+
+    /// Whether the driver has stopped.
+    pub fn finished(&self) -> bool {
+        self.driver.is_finished()
+    }
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn signalled() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,297 @@
+//! Opening a store: one SQLite file under a data directory, owned by one live process,
+//! in WAL mode with `synchronous=FULL`, migrated by versioned steps.
+//!
+//! Start refuses, naming the path and the reason, a store written by a newer version, a
+//! corrupt store, a file that is not a millrace store of this kind, and a store another live
+//! process holds (an OS lock on `<file>.lock`, released by the kernel when that process dies).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another live process holds the store.
+    #[error("store {path} is held by another live process (lock file {lock}); stop it or use another --data directory")]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// A newer millrace wrote the store.
+    #[error("store {path} has schema version {found}, newer than the {known} this build knows; run a newer millrace or use another --data directory")]
+    Newer {
+        /// The database file.
+        path: PathBuf,
+        /// Its `user_version`.
+        found: i64,
+        /// The newest this build knows.
+        known: i64,
+    },
+    /// The file is damaged or not a database.
+    #[error("store {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite or the loader reported.
+        reason: String,
+    },
+    /// The file is a database, but not a millrace store of this kind.
+    #[error("store {path} is not a millrace {kind} store (application_id {found:#x})")]
+    Foreign {
+        /// The database file.
+        path: PathBuf,
+        /// `mill` or `executor`.
+        kind: &'static str,
+        /// Its `application_id`.
+        found: i64,
+    },
+    /// A file system operation failed.
+    #[error("store {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// SQLite failed.
+    #[error("store {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// The error.
+        source: rusqlite::Error,
+    },
+}
+
+/// What kind of store, its file name and schema.
+pub struct Schema {
+    /// `mill` or `executor`, for messages.
+    pub kind: &'static str,
+    /// The file under the data directory.
+    pub file: &'static str,
+    /// SQLite `application_id` marking the kind.
+    pub application_id: i64,
+    /// Migration `i` takes the schema from version `i` to `i + 1`.
+    pub migrations: &'static [&'static str],
+}
+
+/// An open store: the connection and the lock that keeps other processes out.
+pub struct Opened {
+    /// The write connection.
+    pub conn: Connection,
+    /// Held for the life of the store.
+    pub lock: File,
+    /// The database file.
+    pub path: PathBuf,
+}
+
+/// Opens (creating if needed) the store of `schema` under `dir`.
+pub fn open(dir: &Path, schema: &Schema) -> Result<Opened, StoreError> {
+    std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(schema.file);
+    let lock_path = dir.join(format!("{}.lock", schema.file));
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| StoreError::Io {
+            path: lock_path.clone(),
+            source,
+        })?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(StoreError::Locked {
+                path,
+                lock: lock_path,
+            })
+        }
+        Err(std::fs::TryLockError::Error(source)) => {
+            return Err(StoreError::Io {
+                path: lock_path,
+                source,
+            })
+        }
+    }
+    let created = !path.exists();
+    let sq = |source| StoreError::Sqlite {
+        path: path.clone(),
+        source,
+    };
+    let conn = Connection::open(&path).map_err(sq)?;
+    // The first read tells a damaged or foreign file apart from a database.
+    let app_id: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| corrupt_or(&path, e))?;
+    let check: String = conn
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| corrupt_or(&path, e))?;
+    if check != "ok" {
+        return Err(StoreError::Corrupt {
+            path,
+            reason: check,
+        });
+    }
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(sq)?;
+    let known = i64::try_from(schema.migrations.len()).unwrap_or(i64::MAX);
+    if app_id != schema.application_id && (app_id != 0 || version != 0) {
+        return Err(StoreError::Foreign {
+            path,
+            kind: schema.kind,
+            found: app_id,
+        });
+    }
+    if version > known {
+        return Err(StoreError::Newer {
+            path,
+            found: version,
+            known,
+        });
+    }
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(sq)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Corrupt {
+            path,
+            reason: format!("could not switch to WAL (journal_mode is {mode})"),
+        });
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;")
+        .map_err(sq)?;
+    let mut conn = conn;
+    for (from, sql) in schema.migrations.iter().enumerate() {
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
+        if from < version {
+            continue;
+        }
+        let tx = conn.transaction().map_err(sq)?;
+        tx.execute_batch(sql).map_err(sq)?;
+        tx.execute_batch(&format!(
+            "PRAGMA application_id={}; PRAGMA user_version={};",
+            schema.application_id,
+            from + 1
+        ))
+        .map_err(sq)?;
+        tx.commit().map_err(sq)?;
+    }
+    if created {
+        tracing::info!(store = %path.display(), kind = schema.kind, "created a new store");
+    }
+    Ok(Opened { conn, lock, path })
+}
+
+/// Opens a read-only connection to an open store (for queries beside the writer; WAL lets
+/// readers see every committed transaction without blocking it).
+pub fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    conn.execute_batch("PRAGMA busy_timeout=5000;")
+        .map_err(|source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(conn)
+}
+
+fn corrupt_or(path: &Path, e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) | Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            StoreError::Corrupt {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            }
+        }
+        _ => StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
+/// SQLite integers are i64; ids and epochs are u64. Stored bit for bit.
+pub fn to_i64(v: u64) -> i64 {
+    i64::from_ne_bytes(v.to_ne_bytes())
+}
+
+/// The inverse of [`to_i64`].
+pub fn to_u64(v: i64) -> u64 {
+    u64::from_ne_bytes(v.to_ne_bytes())
+}
+
+/// Eight random bytes from the OS, for epochs, tokens and backoff seeds.
+pub fn random_u64() -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut buf = [0u8; 8];
+    File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(u64::from_ne_bytes(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: Schema = Schema {
+        kind: "test",
+        file: "t.db",
+        application_id: 0x1234,
+        migrations: &["CREATE TABLE a (x INTEGER);", "CREATE TABLE b (y INTEGER);"],
+    };
+
+    #[test]
+    fn a_store_held_by_another_opener_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = open(dir.path(), &SCHEMA).unwrap();
+        let err = open(dir.path(), &SCHEMA).err().unwrap();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains("t.db"));
+        drop(first);
+        open(dir.path(), &SCHEMA).unwrap();
+    }
+
+    #[test]
+    fn a_newer_store_is_refused_with_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = open(dir.path(), &SCHEMA).unwrap();
+            s.conn.execute_batch("PRAGMA user_version=7").unwrap();
+        }
+        let err = open(dir.path(), &SCHEMA).err().unwrap();
+        assert!(
+            matches!(err, StoreError::Newer { found: 7, known: 2, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_store_is_refused_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t.db"), vec![0x5a; 8192]).unwrap();
+        let err = open(dir.path(), &SCHEMA).err().unwrap();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("t.db"), "{err}");
+    }
+
+    #[test]
+    fn ids_round_trip_through_sqlite_integers() {
+        for v in [0, 1, u64::MAX, 1 << 63] {
+            assert_eq!(to_u64(to_i64(v)), v);
+        }
+    }
+}
