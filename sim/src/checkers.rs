@@ -1,0 +1,986 @@
+//! Invariant checkers I1–I10 (DESIGN §7), plus the persist-before-send discipline.
+//!
+//! A [`Checker`] reads the world through shared references only: it never changes a process.
+//! The driver feeds it what happened, in output order (a durable write, a message leaving a
+//! process, an engine starting or stopping a job), and it checks the cheap rules at once;
+//! [`Checker::sample`] runs the time-bounded ones every simulated second and
+//! [`Checker::quiescent`] the rules about the end state.
+//!
+//! Where a rule needs history that no process keeps (what an engine really ran, which seqnos
+//! an executor appended), the checker records it from the outputs it is shown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
+use millrace_core::job::{JobSpec, JobState, Terminal, TerminalStatus};
+use millrace_core::mill::{MillBatch, MillWrite};
+use millrace_core::quota::Scope;
+use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill, MAX_ACTIVE_LEASES};
+use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
+
+use crate::scenario::{Micros, SEC};
+use crate::trace::secs;
+use crate::world::World;
+
+/// A broken rule: which, and what happened, with the ids involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant or rule (`I1`…`I10`, `persist-before-send`).
+    pub rule: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.rule, self.message)
+    }
+}
+
+fn fail<T>(rule: &'static str, message: String) -> Result<T, Violation> {
+    Err(Violation { rule, message })
+}
+
+/// What the step being checked was handling, for rules that relate input to writes.
+#[derive(Debug, Clone)]
+pub enum StepCtx {
+    /// Anything else.
+    Other,
+    /// An event batch from executor `exec`.
+    Batch {
+        /// The executor.
+        exec: usize,
+        /// The batch's epoch.
+        epoch: Epoch,
+        /// The batch's events.
+        events: Vec<Event>,
+    },
+    /// A snapshot from executor `exec`.
+    Snapshot {
+        /// The executor.
+        exec: usize,
+        /// Leases it reported.
+        active: Vec<LeaseId>,
+    },
+}
+
+/// What an engine did with one lease.
+#[derive(Debug, Clone)]
+struct EngineRun {
+    exec: usize,
+    job: JobId,
+    /// Exit time, and whether it ran to success by itself.
+    exited: Option<(Micros, bool)>,
+}
+
+/// A durable lease, as the checker saw it written.
+#[derive(Debug, Clone)]
+struct LeaseRec {
+    job: JobId,
+    node: NodeId,
+    epoch: Epoch,
+}
+
+/// Time bounds derived from the config.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// I1: an engine runs a job under a lease the mill has ended for at most this long before
+    /// it is told to stop: reconnect grace (self-fencing) + silence + cancel ack + slack.
+    pub stop: Micros,
+    /// I9: a job may wait this long while a compatible executor idles.
+    pub starve: Micros,
+}
+
+/// The checkers' memory.
+#[derive(Debug)]
+pub struct Checker {
+    bounds: Bounds,
+    inserted: BTreeSet<JobId>,
+    /// Accepted jobs → arrival index.
+    accepted: BTreeMap<JobId, usize>,
+    terminals: BTreeMap<JobId, Terminal>,
+    leases: BTreeMap<LeaseId, LeaseRec>,
+    lease_of_job: BTreeMap<JobId, LeaseId>,
+    ended: BTreeMap<LeaseId, Micros>,
+    cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+    /// Events each executor appended, per epoch, index = seqno − 1.
+    history: BTreeMap<(usize, Epoch), Vec<Event>>,
+    /// When each executor persisted a lease's terminal: (exec, epoch, lease) → time.
+    result_at: BTreeMap<(usize, Epoch, LeaseId), Micros>,
+    committed: BTreeSet<(usize, Epoch, LeaseId)>,
+    runs: BTreeMap<LeaseId, EngineRun>,
+    /// Leases an engine runs now.
+    running: BTreeSet<LeaseId>,
+    stopped: BTreeSet<LeaseId>,
+    not_held_since: BTreeMap<LeaseId, Micros>,
+    quarantined: BTreeSet<NodeId>,
+    starving_since: BTreeMap<JobId, Micros>,
+}
+
+/// The exec index of a node id `x<i>`.
+fn exec_index(w: &World, node: &NodeId) -> Option<usize> {
+    w.exec_of(node)
+}
+
+impl Checker {
+    /// A checker with `bounds`.
+    pub fn new(bounds: Bounds) -> Self {
+        Checker {
+            bounds,
+            inserted: BTreeSet::new(),
+            accepted: BTreeMap::new(),
+            terminals: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            lease_of_job: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            cursors: BTreeMap::new(),
+            history: BTreeMap::new(),
+            result_at: BTreeMap::new(),
+            committed: BTreeSet::new(),
+            runs: BTreeMap::new(),
+            running: BTreeSet::new(),
+            stopped: BTreeSet::new(),
+            not_held_since: BTreeMap::new(),
+            quarantined: BTreeSet::new(),
+            starving_since: BTreeMap::new(),
+        }
+    }
+
+    /// The bounds in force.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// A client was told `job` is accepted (its insert is durable).
+    pub fn accepted(&mut self, job: JobId, arrival: usize) -> Result<(), Violation> {
+        if !self.inserted.contains(&job) {
+            return fail(
+                "persist-before-send",
+                format!("submit answered {job} but no durable insert preceded the answer"),
+            );
+        }
+        self.accepted.insert(job, arrival);
+        Ok(())
+    }
+
+    /// Whether `job`'s insert is durable.
+    pub fn inserted(&self, job: JobId) -> bool {
+        self.inserted.contains(&job)
+    }
+
+    /// Jobs accepted so far.
+    pub fn accepted_jobs(&self) -> impl Iterator<Item = (JobId, usize)> + '_ {
+        self.accepted.iter().map(|(j, a)| (*j, *a))
+    }
+
+    /// The recorded terminal of `job`.
+    pub fn terminal(&self, job: JobId) -> Option<&Terminal> {
+        self.terminals.get(&job)
+    }
+
+    /// Accepted jobs without a terminal.
+    pub fn open_jobs(&self) -> Vec<JobId> {
+        self.accepted
+            .keys()
+            .filter(|j| !self.terminals.contains_key(j))
+            .copied()
+            .collect()
+    }
+
+    // ---- the mill ------------------------------------------------------------------------
+
+    /// A mill `Persist`, already applied to its store (I1, I2, I3, I4, I5, I8).
+    pub fn mill_persist(
+        &mut self,
+        w: &World,
+        batch: &MillBatch,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
+        let mut quota_touched = false;
+        for write in &batch.writes {
+            match write {
+                MillWrite::JobInsert { job, .. } => {
+                    if !self.inserted.insert(*job) {
+                        return fail("I2", format!("job id {job} inserted twice"));
+                    }
+                }
+                MillWrite::JobState { job, state } => {
+                    if let Some(t) = self.terminals.get(job) {
+                        return fail(
+                            "I2",
+                            format!(
+                                "{job} changed to {} after its terminal {} was recorded",
+                                state.name(),
+                                t.status
+                            ),
+                        );
+                    }
+                    if let JobState::Done(t) = state {
+                        self.job_done(w, *job, t, ctx)?;
+                    }
+                }
+                MillWrite::LeaseUpsert(r) => {
+                    if let Some(old) = self.leases.get(&r.lease) {
+                        if old.job != r.job || old.node != r.node {
+                            return fail(
+                                "I1",
+                                format!(
+                                    "lease {} reused: {}@{} then {}@{} (M30)",
+                                    r.lease, old.job, old.node, r.job, r.node
+                                ),
+                            );
+                        }
+                    }
+                    if let Some(&other) = self.lease_of_job.get(&r.job) {
+                        if other != r.lease {
+                            return fail(
+                                "I1",
+                                format!(
+                                    "{} holds two leases at once: {other} and {} (on {})",
+                                    r.job, r.lease, r.node
+                                ),
+                            );
+                        }
+                    }
+                    if let Some(info) = w.leases.get(&r.lease) {
+                        if info.job != r.job || exec_index(w, &r.node) != Some(info.exec) {
+                            return fail(
+                                "I1",
+                                format!(
+                                    "lease {} stored for {}@{} but was asked for {} of x{}",
+                                    r.lease, r.job, r.node, info.job, info.exec
+                                ),
+                            );
+                        }
+                    }
+                    self.leases.insert(
+                        r.lease,
+                        LeaseRec {
+                            job: r.job,
+                            node: r.node.clone(),
+                            epoch: r.epoch,
+                        },
+                    );
+                    self.lease_of_job.insert(r.job, r.lease);
+                    quota_touched = true;
+                }
+                MillWrite::LeaseDelete { lease } => {
+                    if let Some(rec) = self.leases.get(lease) {
+                        if self.lease_of_job.get(&rec.job) == Some(lease) {
+                            self.lease_of_job.remove(&rec.job);
+                        }
+                    }
+                    self.ended.entry(*lease).or_insert(w.now);
+                }
+                MillWrite::Cursor { node, epoch, seqno } => {
+                    self.cursor_advanced(w, node, *epoch, *seqno, ctx)?;
+                }
+                MillWrite::QuotaHold { .. } => quota_touched = true,
+                MillWrite::Quarantine { node, quarantined } => {
+                    if *quarantined {
+                        self.quarantined.insert(node.clone());
+                    } else {
+                        self.quarantined.remove(node);
+                    }
+                }
+                MillWrite::Counters { .. } | MillWrite::QuotaRelease { .. } => {}
+            }
+        }
+        if quota_touched {
+            self.quota_within_limits(w)?;
+        }
+        Ok(())
+    }
+
+    /// I2, I3 for a recorded terminal.
+    fn job_done(
+        &mut self,
+        w: &World,
+        job: JobId,
+        t: &Terminal,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
+        self.terminals.insert(job, t.clone());
+        if !self.inserted.contains(&job) {
+            return fail("I2", format!("terminal recorded for {job}, never inserted"));
+        }
+        let exec = t.node.as_ref().and_then(|n| exec_index(w, n));
+        if t.status == TerminalStatus::Success {
+            let ok = t.lease.and_then(|l| self.runs.get(&l)).is_some_and(|r| {
+                r.job == job && Some(r.exec) == exec && r.exited.is_some_and(|(_, s)| s)
+            });
+            if !ok {
+                return fail(
+                    "I2",
+                    format!(
+                        "{job} recorded Success under {:?} on {:?}, but no engine completed it there",
+                        t.lease, t.node
+                    ),
+                );
+            }
+        }
+        let (Some(lease), Some(exec)) = (t.lease, exec) else {
+            return Ok(());
+        };
+        // I3: a terminal the executor reported is recorded with the engine's status.
+        if let StepCtx::Batch {
+            exec: from, events, ..
+        } = ctx
+        {
+            if *from == exec && w.execs[exec].honest() {
+                let reported = events.iter().find_map(|e| match &e.kind {
+                    EventKind::Terminal {
+                        status, exit_code, ..
+                    } if e.lease == lease => Some((*status, *exit_code)),
+                    _ => None,
+                });
+                if let Some((status, exit_code)) = reported {
+                    let same = status == t.status
+                        || (status == TerminalStatus::Cancelled
+                            && t.status == TerminalStatus::Timeout);
+                    if !same || exit_code != t.exit_code {
+                        return fail(
+                            "I3",
+                            format!(
+                                "{job} under {lease}: x{exec} reported {status} {exit_code:?}, mill recorded {} {:?}",
+                                t.status, t.exit_code
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        let error = t.error.as_deref().unwrap_or("");
+        let lost = error.starts_with("executor lost") || error == "executor no longer has the job";
+        if !lost || !w.execs[exec].honest() {
+            return Ok(());
+        }
+        // I3 (M8): a snapshot that reports the lease must not fail it.
+        if let StepCtx::Snapshot { exec: from, active } = ctx {
+            if *from == exec && active.contains(&lease) {
+                return fail(
+                    "I3",
+                    format!("{job}: x{exec}'s snapshot reported {lease}, yet the mill failed it ({error})"),
+                );
+            }
+        }
+        // I3: the result was durable at the executor, and the executor was back (its snapshot
+        // reached the mill on a session still open), yet the mill recorded it lost.
+        let p = &w.execs[exec];
+        let Some(rec) = self.leases.get(&lease) else {
+            return Ok(());
+        };
+        if p.store.epoch != rec.epoch {
+            return Ok(());
+        }
+        let Some(&persisted) = self.result_at.get(&(exec, rec.epoch, lease)) else {
+            return Ok(());
+        };
+        let Some((conn, at)) = w.snapshot_delivered[exec] else {
+            return Ok(());
+        };
+        let live = w
+            .net
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.mill_open && c.exec_open);
+        if live && at >= persisted && p.store.outbox.iter().any(|e| e.lease == lease) {
+            return fail(
+                "I3",
+                format!(
+                    "{job} under {lease}: x{exec} persisted its result at {} and reconnected (snapshot on {conn} at {}), yet the mill recorded {error:?}",
+                    secs(persisted),
+                    secs(at)
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// I4: a cursor only moves forward, over exactly the events of the batch being applied.
+    fn cursor_advanced(
+        &mut self,
+        w: &World,
+        node: &NodeId,
+        epoch: Epoch,
+        seqno: Seqno,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
+        let prev = self
+            .cursors
+            .get(&(node.clone(), epoch))
+            .copied()
+            .unwrap_or_default();
+        if seqno <= prev {
+            return fail(
+                "I4",
+                format!("cursor of ({node}, {epoch}) went from {prev} to {seqno}"),
+            );
+        }
+        let StepCtx::Batch {
+            exec,
+            epoch: batch_epoch,
+            events,
+        } = ctx
+        else {
+            return fail(
+                "I4",
+                format!("cursor of ({node}, {epoch}) moved to {seqno} outside an event batch"),
+            );
+        };
+        if exec_index(w, node) != Some(*exec) || *batch_epoch != epoch {
+            return fail(
+                "I4",
+                format!("cursor of ({node}, {epoch}) moved by a batch of x{exec} {batch_epoch}"),
+            );
+        }
+        let applied: Vec<&Event> = events
+            .iter()
+            .filter(|e| e.seqno > prev && e.seqno <= seqno)
+            .collect();
+        let contiguous = applied.len() as u64 == seqno.get() - prev.get()
+            && applied
+                .iter()
+                .zip(prev.get() + 1..)
+                .all(|(e, s)| e.seqno.get() == s);
+        if !contiguous {
+            let got: Vec<u64> = events.iter().map(|e| e.seqno.get()).collect();
+            return fail(
+                "I4",
+                format!(
+                    "cursor of ({node}, {epoch}) moved {prev} → {seqno} on a batch with seqnos {got:?}"
+                ),
+            );
+        }
+        if w.execs[*exec].honest() {
+            let history = self.history.get(&(*exec, epoch));
+            for e in applied {
+                let appended = history.and_then(|h| h.get(e.seqno.get() as usize - 1));
+                if appended != Some(e) {
+                    return fail(
+                        "I4",
+                        format!(
+                            "({node}, {epoch}) seqno {} applied, but x{exec} appended {:?} there",
+                            e.seqno,
+                            appended.map(|a| (a.lease, a.kind.clone()))
+                        ),
+                    );
+                }
+            }
+        }
+        self.cursors.insert((node.clone(), epoch), seqno);
+        Ok(())
+    }
+
+    /// I5: usage by the durable leases never exceeds a limit; nor does the ledger's.
+    pub fn quota_within_limits(&self, w: &World) -> Result<(), Violation> {
+        let cfg = &w.mill_cfg.quota;
+        let mut usage: BTreeMap<Scope, Resources> = BTreeMap::new();
+        for l in w.mill_store.leases.values() {
+            let Some(job) = w.mill_store.jobs.get(&l.job) else {
+                return fail("I5", format!("durable lease {} of unknown {}", l.lease, l.job));
+            };
+            for scope in Scope::of(&job.spec.identity) {
+                let u = usage.entry(scope).or_default();
+                for (name, amount) in &l.resources {
+                    *u.entry(name.clone()).or_insert(0) += amount;
+                }
+            }
+        }
+        for (scope, used) in &usage {
+            for (name, amount) in used {
+                if let Some(limit) = cfg.limit(scope, name) {
+                    if *amount > limit {
+                        return fail(
+                            "I5",
+                            format!("{scope} uses {amount} {name} through its leases; limit {limit}"),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(mill) = &w.mill {
+            let mut scopes: BTreeSet<Scope> = BTreeSet::new();
+            for (_, identity, _) in mill.quota().holds() {
+                scopes.extend(Scope::of(identity));
+            }
+            for scope in scopes {
+                for (name, amount) in mill.quota().usage(&scope) {
+                    if let Some(limit) = cfg.limit(&scope, &name) {
+                        if amount > limit {
+                            return fail(
+                                "I5",
+                                format!("quota ledger: {scope} uses {amount} {name}; limit {limit}"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A message the mill sends, after the step's `Persist` was applied (persist before
+    /// send; I4, I7, I8, M16, M30).
+    pub fn mill_send(
+        &mut self,
+        w: &World,
+        conn: ConnId,
+        msg: &ToExecutor,
+    ) -> Result<(), Violation> {
+        let Some(exec) = w.exec_of_conn(conn) else {
+            return Ok(());
+        };
+        let p = &w.execs[exec];
+        match msg {
+            ToExecutor::ReserveSeat {
+                lease, job, spec, ..
+            } => {
+                if *lease >= w.mill_store.lease_floor {
+                    return fail(
+                        "persist-before-send",
+                        format!("ReserveSeat {lease} sent above the durable lease floor {} (M30)", w.mill_store.lease_floor),
+                    );
+                }
+                if let Some(old) = w.leases.get(lease) {
+                    return fail(
+                        "I1",
+                        format!("lease id {lease} asked twice: {} of x{} and {job} of x{exec} (M30)", old.job, old.exec),
+                    );
+                }
+                if self.quarantined.contains(&p.node) {
+                    return fail("I8", format!("quarantined {} asked to reserve {lease} for {job}", p.node));
+                }
+                compatible("I7", exec, p, spec, *job)?;
+            }
+            ToExecutor::CommitLease { lease, .. } => {
+                let stored = w
+                    .mill_store
+                    .leases
+                    .get(lease)
+                    .is_some_and(|l| l.node == p.node);
+                if !stored {
+                    return fail(
+                        "persist-before-send",
+                        format!("CommitLease {lease} to x{exec} before the lease was durable (M16)"),
+                    );
+                }
+                if self.quarantined.contains(&p.node) {
+                    return fail("I8", format!("quarantined {} sent CommitLease {lease}", p.node));
+                }
+            }
+            ToExecutor::Ack { epoch, up_to } => {
+                let durable = w
+                    .mill_store
+                    .cursors
+                    .get(&(p.node.clone(), *epoch))
+                    .copied()
+                    .unwrap_or_default();
+                if *up_to > durable {
+                    return fail(
+                        "I4",
+                        format!("Ack ({}, {epoch}) up to {up_to} exceeds the durable cursor {durable} (M23)", p.node),
+                    );
+                }
+            }
+            ToExecutor::Welcome { cursor } => {
+                let durable = w
+                    .mill_store
+                    .cursors
+                    .iter()
+                    .filter(|((n, _), _)| *n == p.node)
+                    .map(|(_, s)| *s)
+                    .max()
+                    .unwrap_or_default();
+                if *cursor > durable {
+                    return fail(
+                        "I4",
+                        format!("Welcome to {} with cursor {cursor} beyond every durable cursor", p.node),
+                    );
+                }
+            }
+            ToExecutor::Refused { .. }
+            | ToExecutor::ReleaseLease { .. }
+            | ToExecutor::CancelAttempt { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// The mill quarantined `node` (seen in its output order).
+    pub fn quarantine_observed(&mut self, node: &NodeId) {
+        self.quarantined.insert(node.clone());
+    }
+
+    // ---- executors -----------------------------------------------------------------------
+
+    /// An executor `Persist`, applied to its store (E5 bookkeeping).
+    pub fn exec_persist(
+        &mut self,
+        w: &World,
+        exec: usize,
+        batch: &ExecutorBatch,
+    ) -> Result<(), Violation> {
+        let epoch = w.execs[exec].store.epoch;
+        for write in &batch.writes {
+            match write {
+                ExecutorWrite::Append(e) => {
+                    let h = self.history.entry((exec, epoch)).or_default();
+                    if e.seqno.get() != h.len() as u64 + 1 {
+                        return fail(
+                            "I4",
+                            format!(
+                                "x{exec} {epoch} appended seqno {} after {} events (E5)",
+                                e.seqno,
+                                h.len()
+                            ),
+                        );
+                    }
+                    h.push(e.clone());
+                    if let EventKind::Terminal { .. } = e.kind {
+                        self.result_at.insert((exec, epoch, e.lease), w.now);
+                    }
+                }
+                ExecutorWrite::JobCommitted { lease, .. } => {
+                    self.committed.insert((exec, epoch, *lease));
+                }
+                ExecutorWrite::Trim { .. } | ExecutorWrite::JobEnded { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A message an honest executor sends (before any misbehaviour filter): persist before
+    /// send (E4, E5), complete snapshots (I3), seats within capacity (I6).
+    pub fn exec_send(&mut self, w: &World, exec: usize, msg: &ToMill) -> Result<(), Violation> {
+        let p = &w.execs[exec];
+        let epoch = p.store.epoch;
+        match msg {
+            ToMill::EventBatch { epoch: e, events } => {
+                let h = self.history.get(&(exec, *e));
+                for ev in events {
+                    let appended = h.and_then(|h| h.get(ev.seqno.get().wrapping_sub(1) as usize));
+                    if appended != Some(ev) {
+                        return fail(
+                            "persist-before-send",
+                            format!("x{exec} sent event {} of {e} that it had not persisted (E5)", ev.seqno),
+                        );
+                    }
+                }
+            }
+            ToMill::CommitResult {
+                lease,
+                committed: true,
+            } => {
+                if !self.committed.contains(&(exec, epoch, *lease)) {
+                    return fail(
+                        "persist-before-send",
+                        format!("x{exec} answered committed for {lease} without a durable commit (E4)"),
+                    );
+                }
+            }
+            ToMill::Snapshot { active_leases, .. } => {
+                let Some(x) = &p.exec else {
+                    return Ok(());
+                };
+                let reported: BTreeSet<&LeaseId> = active_leases.iter().collect();
+                let held: BTreeSet<LeaseId> = x
+                    .reserved_leases()
+                    .chain(x.running_leases())
+                    .chain(p.store.outbox.iter().map(|e| e.lease))
+                    .collect();
+                if held.len() <= MAX_ACTIVE_LEASES {
+                    if let Some(missing) = held.iter().find(|l| !reported.contains(l)) {
+                        return fail(
+                            "I3",
+                            format!("x{exec}'s snapshot leaves out {missing}, which it holds or owes a result for (M8 would fail it)"),
+                        );
+                    }
+                }
+            }
+            ToMill::ReserveResult { accepted: true, .. } => self.seats_within_capacity(w, exec)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// I6: reservations + running jobs per engine within capacity.
+    fn seats_within_capacity(&self, w: &World, exec: usize) -> Result<(), Violation> {
+        let p = &w.execs[exec];
+        let Some(x) = &p.exec else {
+            return Ok(());
+        };
+        let mut used: BTreeMap<&str, u32> = BTreeMap::new();
+        for lease in x.reserved_leases().chain(x.running_leases()) {
+            let engine = w
+                .leases
+                .get(&lease)
+                .map(|i| i.engine.as_str())
+                .unwrap_or("?");
+            *used.entry(engine).or_insert(0) += 1;
+        }
+        for (engine, n) in used {
+            let cap = p.cfg.engines.get(engine).map_or(0, |e| e.capacity);
+            if n > cap {
+                return fail(
+                    "I6",
+                    format!("x{exec} holds {n} seats of {engine}, capacity {cap}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine of `exec` is told to start `job` under `lease` (I6, I7, E4).
+    pub fn start(
+        &mut self,
+        w: &World,
+        exec: usize,
+        lease: LeaseId,
+        job: JobId,
+        spec: &JobSpec,
+    ) -> Result<(), Violation> {
+        let p = &w.execs[exec];
+        compatible("I7", exec, p, spec, job)?;
+        if let Some(run) = self.runs.get(&lease) {
+            return fail(
+                "I1",
+                format!("{lease} started twice: on x{} and on x{exec} (E4)", run.exec),
+            );
+        }
+        let cap = p.cfg.total_capacity() as usize;
+        if p.engine.len() > cap {
+            return fail(
+                "I6",
+                format!("x{exec}'s engine runs {} jobs, capacity {cap}", p.engine.len()),
+            );
+        }
+        self.runs.insert(
+            lease,
+            EngineRun {
+                exec,
+                job,
+                exited: None,
+            },
+        );
+        self.running.insert(lease);
+        Ok(())
+    }
+
+    /// The engine was told to stop `lease`.
+    pub fn stop(&mut self, lease: LeaseId) {
+        self.stopped.insert(lease);
+    }
+
+    /// The engine's job under `lease` is gone (exited, or died with its executor).
+    pub fn exited(&mut self, lease: LeaseId, now: Micros, success: bool) {
+        if let Some(r) = self.runs.get_mut(&lease) {
+            r.exited.get_or_insert((now, success));
+        }
+        self.running.remove(&lease);
+        self.not_held_since.remove(&lease);
+    }
+
+    // ---- over time -----------------------------------------------------------------------
+
+    /// Every simulated second: I1's time bound, I5 on the ledger, I9's starvation rule.
+    pub fn sample(&mut self, w: &World) -> Result<(), Violation> {
+        self.i1_stop_bound(w)?;
+        self.quota_within_limits(w)?;
+        if w.healed {
+            self.i9_no_idle_starvation(w)?;
+        }
+        Ok(())
+    }
+
+    fn i1_stop_bound(&mut self, w: &World) -> Result<(), Violation> {
+        let held: BTreeSet<LeaseId> = match &w.mill {
+            Some(m) => m.leases().map(|(l, ..)| l).collect(),
+            None => w.mill_store.leases.keys().copied().collect(),
+        };
+        if let Some(m) = &w.mill {
+            let mut jobs = BTreeSet::new();
+            for (lease, job, ..) in m.leases() {
+                if !jobs.insert(job) {
+                    return fail("I1", format!("the mill holds two leases for {job} (one is {lease})"));
+                }
+            }
+        }
+        for &lease in &self.running {
+            if held.contains(&lease) || self.stopped.contains(&lease) {
+                self.not_held_since.remove(&lease);
+                continue;
+            }
+            let since = *self.not_held_since.entry(lease).or_insert(w.now);
+            if w.now.saturating_sub(since) > self.bounds.stop {
+                let run = &self.runs[&lease];
+                let ended = self
+                    .ended
+                    .get(&lease)
+                    .map_or("never stored".to_string(), |t| secs(*t));
+                return fail(
+                    "I1",
+                    format!(
+                        "x{} still runs {} under {lease} (mill ended the lease: {ended}) and was not told to stop within {}",
+                        run.exec,
+                        run.job,
+                        secs(self.bounds.stop)
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn i9_no_idle_starvation(&mut self, w: &World) -> Result<(), Violation> {
+        let Some(mill) = &w.mill else {
+            self.starving_since.clear();
+            return Ok(());
+        };
+        let idle: Vec<usize> = w
+            .execs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.honest()
+                    && !self.quarantined.contains(&p.node)
+                    && p.exec.as_ref().is_some_and(|x| {
+                        x.is_ready()
+                            && x.reserved_leases().next().is_none()
+                            && x.running_leases().next().is_none()
+                    })
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let mut still = BTreeMap::new();
+        if !idle.is_empty() {
+            for job in self.open_jobs() {
+                if mill.job_state(job) != Some(JobState::Queued) || mill.quota().is_waiting(job) {
+                    continue;
+                }
+                let Some(spec) = w.mill_store.jobs.get(&job).map(|r| &r.spec) else {
+                    continue;
+                };
+                let fits = idle
+                    .iter()
+                    .any(|&i| compatible("I9", i, &w.execs[i], spec, job).is_ok() && fits_engine(&w.execs[i], spec));
+                if fits {
+                    let since = self.starving_since.get(&job).copied().unwrap_or(w.now);
+                    if w.now.saturating_sub(since) > self.bounds.starve {
+                        return fail(
+                            "I9",
+                            format!(
+                                "{job} ({} {:?}) waits queued since {} while a compatible executor idles",
+                                spec.engine,
+                                spec.labels,
+                                secs(since)
+                            ),
+                        );
+                    }
+                    still.insert(job, since);
+                }
+            }
+        }
+        self.starving_since = still;
+        Ok(())
+    }
+
+    /// The end state, after the faults healed and every job ended (I2, I5, I6, I8, I9).
+    pub fn quiescent(&self, w: &World) -> Result<(), Violation> {
+        if let Some(job) = self.open_jobs().first() {
+            return fail("I9", format!("{job} never reached a terminal"));
+        }
+        for job in self.terminals.keys() {
+            if !self.inserted.contains(job) {
+                return fail("I2", format!("terminal for {job}, which was never accepted"));
+            }
+        }
+        let Some(mill) = &w.mill else {
+            return fail("I9", "the mill is down at the end".into());
+        };
+        if let Some((lease, job, node, ..)) = mill.leases().next() {
+            return fail("I6", format!("the mill still holds {lease} of {job} on {node}"));
+        }
+        if !w.mill_store.leases.is_empty() || !w.mill_store.jobs.is_empty() {
+            return fail(
+                "I6",
+                format!(
+                    "the mill's store still holds {} leases and {} jobs",
+                    w.mill_store.leases.len(),
+                    w.mill_store.jobs.len()
+                ),
+            );
+        }
+        if let Some((job, ..)) = mill.quota().holds().next() {
+            return fail("I5", format!("quota still held for {job} at quiescence"));
+        }
+        if mill.quota().waiting() > 0 || !w.mill_store.quota_holds.is_empty() {
+            return fail("I5", "quota waiters or durable holds remain at quiescence".into());
+        }
+        for (i, p) in w.execs.iter().enumerate() {
+            let Some(x) = &p.exec else {
+                return fail("I9", format!("x{i} is down at the end"));
+            };
+            if let Some(l) = x.reserved_leases().chain(x.running_leases()).next() {
+                return fail("I6", format!("x{i} still holds {l} at quiescence"));
+            }
+            if x.durable() != &p.store {
+                return fail(
+                    "persist-before-send",
+                    format!("x{i}'s store differs from what it believes is durable"),
+                );
+            }
+            let quarantined = mill.quarantined().contains(&p.node);
+            if !p.honest() && !quarantined {
+                return fail(
+                    "I8",
+                    format!("misbehaving x{i} ({}) was never quarantined", p.spec.byzantine.map_or("", |k| k.name())),
+                );
+            }
+            if p.honest() && quarantined {
+                return fail("I8", format!("honest x{i} was quarantined"));
+            }
+            if p.honest() && !p.store.outbox.is_empty() {
+                return fail(
+                    "I4",
+                    format!("x{i}'s outbox still holds {} unacked events", p.store.outbox.len()),
+                );
+            }
+        }
+        if let Some(l) = self.running.first() {
+            return fail("I1", format!("an engine still runs {l} at the end"));
+        }
+        Ok(())
+    }
+}
+
+/// I7: `spec` may run on executor `exec`: its engine, and all its labels.
+fn compatible(
+    rule: &'static str,
+    exec: usize,
+    p: &crate::world::ExecProc,
+    spec: &JobSpec,
+    job: JobId,
+) -> Result<(), Violation> {
+    if !p.cfg.engines.contains_key(&spec.engine) {
+        return fail(rule, format!("{job} needs engine {}, which x{exec} lacks", spec.engine));
+    }
+    if let Some(l) = spec.labels.iter().find(|l| !p.cfg.labels.contains(*l)) {
+        return fail(rule, format!("{job} needs label {l}, which x{exec} lacks"));
+    }
+    Ok(())
+}
+
+/// Whether the job's resources fit the engine's totals at all.
+fn fits_engine(p: &crate::world::ExecProc, spec: &JobSpec) -> bool {
+    p.cfg.engines.get(&spec.engine).is_some_and(|e| {
+        e.resources
+            .iter()
+            .all(|(name, total)| spec.resources.get(name).copied().unwrap_or(0) <= *total)
+    })
+}
+
+/// Seconds, for bounds in messages.
+pub fn bound_secs(m: Micros) -> u64 {
+    m / SEC
+}

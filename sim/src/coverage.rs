@@ -1,0 +1,172 @@
+//! Coverage of rare paths (issue 4, item 9): how often each named situation occurred, summed
+//! over a fuzz run. A path that stays at zero means the faults never reached it.
+
+use std::fmt;
+
+use millrace_core::mill::RarePath;
+
+/// A named situation the simulator must reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Path {
+    /// Grace expired while a cancel was pending (M5).
+    GraceExpiryWithPendingCancel,
+    /// A commit was re-sent (M17).
+    CommitResent,
+    /// The mill restarted holding running leases (M29).
+    MillRestartWithRunningLeases,
+    /// A job waited for quota (M15).
+    QuotaWait,
+    /// A re-bid after a quota wait charged different resources (M15).
+    QuotaRebidChangedResources,
+    /// A node was quarantined (M28).
+    Quarantine,
+    /// An untracked cancel was sent (M8).
+    UntrackedCancel,
+    /// A cancel's teardown deadline passed (M26).
+    TeardownDeadline,
+    /// A restarted executor's unacked result reached the mill (E6, E9).
+    RestartDeliveredUnackedResult,
+    /// A reconcile failed a lease the executor no longer had (M8).
+    ReconcileFailedLease,
+    /// An old epoch's lease failed after a wipe (M5).
+    OldEpochLeaseFailed,
+    /// The mill crashed between a `Persist` and the outputs after it.
+    CrashAfterPersist,
+    /// A job timed out (M18).
+    JobTimeout,
+    /// A submit was refused for `max_pending` (M10).
+    TooManyPending,
+    /// A job failed with no compatible executor (M13).
+    NoCompatibleExecutor,
+    /// A job failed for quota (M15).
+    QuotaDenied,
+}
+
+impl Path {
+    /// Every path, in report order.
+    pub const ALL: [Path; 16] = [
+        Path::GraceExpiryWithPendingCancel,
+        Path::CommitResent,
+        Path::MillRestartWithRunningLeases,
+        Path::QuotaWait,
+        Path::QuotaRebidChangedResources,
+        Path::Quarantine,
+        Path::UntrackedCancel,
+        Path::TeardownDeadline,
+        Path::RestartDeliveredUnackedResult,
+        Path::ReconcileFailedLease,
+        Path::OldEpochLeaseFailed,
+        Path::CrashAfterPersist,
+        Path::JobTimeout,
+        Path::TooManyPending,
+        Path::NoCompatibleExecutor,
+        Path::QuotaDenied,
+    ];
+
+    /// The paths issue 4 names; the coverage test requires each to be reached.
+    pub const REQUIRED: [Path; 8] = [
+        Path::GraceExpiryWithPendingCancel,
+        Path::CommitResent,
+        Path::MillRestartWithRunningLeases,
+        Path::QuotaRebidChangedResources,
+        Path::Quarantine,
+        Path::UntrackedCancel,
+        Path::TeardownDeadline,
+        Path::RestartDeliveredUnackedResult,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::GraceExpiryWithPendingCancel => "grace expiry with a pending cancel",
+            Path::CommitResent => "commit re-sent",
+            Path::MillRestartWithRunningLeases => "mill restart with running leases",
+            Path::QuotaWait => "quota wait",
+            Path::QuotaRebidChangedResources => "quota re-bid with changed resources",
+            Path::Quarantine => "quarantine",
+            Path::UntrackedCancel => "untracked cancel",
+            Path::TeardownDeadline => "teardown deadline hit",
+            Path::RestartDeliveredUnackedResult => "executor restart delivered an unacked result",
+            Path::ReconcileFailedLease => "reconcile failed a lease",
+            Path::OldEpochLeaseFailed => "old-epoch lease failed after a wipe",
+            Path::CrashAfterPersist => "mill crash between persist and sends",
+            Path::JobTimeout => "job timeout",
+            Path::TooManyPending => "submit refused: too many pending",
+            Path::NoCompatibleExecutor => "no compatible executor",
+            Path::QuotaDenied => "quota denied",
+        }
+    }
+}
+
+/// The name of a core rare path, for traces.
+pub fn rare_name(p: RarePath) -> &'static str {
+    match p {
+        RarePath::GraceExpiredWithPendingCancel => "grace-expired-with-pending-cancel",
+        RarePath::CommitResent => "commit-resent",
+        RarePath::RestartWithRunningLeases => "restart-with-running-leases",
+        RarePath::QuotaRebidChangedResources => "quota-rebid-changed-resources",
+        RarePath::QuotaWait => "quota-wait",
+        RarePath::UntrackedCancel => "untracked-cancel",
+        RarePath::TeardownDeadline => "teardown-deadline",
+        RarePath::ReconcileFailedLease => "reconcile-failed-lease",
+        RarePath::OldEpochLeaseFailed => "old-epoch-lease-failed",
+    }
+}
+
+/// Maps a core observation to a path.
+pub fn from_rare(p: RarePath) -> Option<Path> {
+    Some(match p {
+        RarePath::GraceExpiredWithPendingCancel => Path::GraceExpiryWithPendingCancel,
+        RarePath::CommitResent => Path::CommitResent,
+        RarePath::RestartWithRunningLeases => Path::MillRestartWithRunningLeases,
+        RarePath::QuotaRebidChangedResources => Path::QuotaRebidChangedResources,
+        RarePath::QuotaWait => Path::QuotaWait,
+        RarePath::UntrackedCancel => Path::UntrackedCancel,
+        RarePath::TeardownDeadline => Path::TeardownDeadline,
+        RarePath::ReconcileFailedLease => Path::ReconcileFailedLease,
+        RarePath::OldEpochLeaseFailed => Path::OldEpochLeaseFailed,
+    })
+}
+
+/// Counts per path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    counts: [u64; 16],
+}
+
+impl Coverage {
+    /// Counts one occurrence.
+    pub fn hit(&mut self, p: Path) {
+        self.counts[p as usize] += 1;
+    }
+
+    /// How often `p` occurred.
+    pub fn get(&self, p: Path) -> u64 {
+        self.counts[p as usize]
+    }
+
+    /// Adds another run's counts.
+    pub fn add(&mut self, other: &Coverage) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
+        }
+    }
+
+    /// Required paths never reached.
+    pub fn missing(&self) -> Vec<Path> {
+        Path::REQUIRED
+            .into_iter()
+            .filter(|p| self.get(*p) == 0)
+            .collect()
+    }
+}
+
+impl fmt::Display for Coverage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in Path::ALL {
+            let required = if Path::REQUIRED.contains(&p) { "*" } else { " " };
+            writeln!(f, "  {required} {:>8}  {}", self.get(p), p.name())?;
+        }
+        Ok(())
+    }
+}

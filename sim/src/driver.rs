@@ -1,0 +1,1692 @@
+//! The driver: a single-threaded discrete-event loop over a virtual clock. Events are ordered
+//! by (time, insertion sequence); each one feeds one input to one process (or changes the
+//! network), then the process's outputs are acted on in order — `Persist` applied to its
+//! store, messages handed to the network, engine commands to the engine model — with the
+//! checkers shown each. A crash may land at any output boundary of a step.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Duration;
+
+use millrace_core::codec;
+use millrace_core::executor::{Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot};
+use millrace_core::job::{LogRef, TerminalStatus};
+use millrace_core::mill::{Mill, MillInput, MillOutput, Observation, Reply, RequestError};
+use millrace_core::wire::{ToExecutor, ToMill};
+use millrace_core::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
+
+use crate::byzantine::{ByzCtx, Byzantine};
+use crate::checkers::{Bounds, Checker, StepCtx, Violation};
+use crate::coverage::{from_rare, Coverage, Path};
+use crate::net::{Net, Packet, Payload};
+use crate::rng::{Purpose, Rng};
+use crate::scenario::{Fault, Micros, Proc, Scenario, SeedPlan, MS, SEC};
+use crate::trace::{self, Trace};
+use crate::workload::{job_duration, Arrival, Workload};
+use crate::world::{CrashPlan, EngineJob, ExecProc, LeaseInfo, World};
+
+/// How an engine's job ends.
+#[derive(Debug, Clone, Copy)]
+enum Exit {
+    /// It ran out by itself.
+    Natural { success: bool, code: i32 },
+    /// It stopped after `StopJob`.
+    Stopped,
+    /// It never started.
+    FailedToStart,
+}
+
+#[derive(Debug)]
+enum Ev {
+    MillTick,
+    ExecTick(usize),
+    Pump { conn: ConnId, up: bool },
+    ConnectTimeout { exec: usize, conn: ConnId },
+    ResetNotify { conn: ConnId, to_mill: bool },
+    EngineStart { exec: usize, inc: u32, lease: LeaseId },
+    EngineExit { exec: usize, inc: u32, lease: LeaseId, how: Exit },
+    Arrive(usize),
+    UserCancel(usize),
+    Fault(usize),
+    Unblock { side: Vec<usize>, up: bool, down: bool },
+    SpikeEnd(Micros),
+    CrashDeadline(Proc),
+    Restart(Proc),
+    Heal,
+    Sample,
+    Deadline,
+}
+
+struct Entry {
+    at: Micros,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    // A max-heap popping the earliest (time, sequence) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// Counters of one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Events processed.
+    pub events: u64,
+    /// Mill steps.
+    pub mill_steps: u64,
+    /// Executor steps.
+    pub exec_steps: u64,
+    /// Messages (and connection packets) sent.
+    pub packets: u64,
+    /// Jobs accepted.
+    pub accepted: u64,
+    /// Protocol violations the mill observed.
+    pub violations: u64,
+}
+
+/// Connect attempts give up after this long without an answer.
+const CONNECT_TIMEOUT: Micros = 3 * SEC;
+/// An armed crash lands at the latest this long after it was armed.
+const CRASH_DEADLINE: Micros = 2 * SEC;
+
+/// The simulation of one seed.
+pub struct Sim {
+    /// The world.
+    pub w: World,
+    /// The checkers.
+    pub c: Checker,
+    queue: BinaryHeap<Entry>,
+    seq: u64,
+    engines: Rng,
+    process: Rng,
+    byz: Rng,
+    /// The trace.
+    pub trace: Trace,
+    /// Rare paths reached.
+    pub cov: Coverage,
+    /// Counters.
+    pub stats: Stats,
+    /// The first broken rule.
+    pub failure: Option<Violation>,
+    names: Vec<String>,
+    mill_outs: Vec<MillOutput>,
+    exec_outs: Vec<ExecutorOutput>,
+    /// (exec, epoch, seqno): a restarted executor's unacked result, until the mill has it.
+    restart_results: Vec<(usize, Epoch, Seqno)>,
+    /// Whether the last mill step wrote anything.
+    step_wrote: bool,
+    /// Whether the last mill step emitted anything at all.
+    step_outputs: usize,
+    done: bool,
+    deadline: Option<Micros>,
+}
+
+fn t(m: Micros) -> Time {
+    Time::from_micros(m)
+}
+
+impl Sim {
+    /// Builds the world of `seed` in `scenario`.
+    pub fn new(scenario: &Scenario, seed: u64, trace: Trace) -> Sim {
+        let plan = SeedPlan::new(scenario, seed);
+        let mut wl_rng = Rng::new(seed, Purpose::Workload);
+        let mut byz = Rng::new(seed, Purpose::Byzantine);
+        let workload = Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz);
+        let mut process = Rng::new(seed, Purpose::Process);
+        let mut mill_cfg = scenario.mill_config();
+        mill_cfg.quota = workload.quota.clone();
+        mill_cfg.max_pending = workload.max_pending;
+        let n = workload.fleet.len();
+        let mut execs = Vec::with_capacity(n);
+        let mut index = std::collections::BTreeMap::new();
+        for (i, spec) in workload.fleet.iter().enumerate() {
+            let node = NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
+            index.insert(node.clone(), i);
+            let mut cfg = ExecutorConfig::new(node.clone(), "sim-token");
+            cfg.labels = spec.labels.clone();
+            cfg.engines = spec.engines.clone();
+            cfg.reconnect_grace = mill_cfg.reconnect_grace;
+            cfg.silence_timeout = mill_cfg.silence_timeout;
+            cfg.snapshot_interval = mill_cfg.snapshot_interval;
+            cfg.backoff_seed = process.next_u64();
+            if let Err(e) = cfg.validate() {
+                panic!("fleet config of x{i}: {e}");
+            }
+            let epoch = Epoch(process.range(1, u64::MAX / 2));
+            execs.push(ExecProc {
+                spec: spec.clone(),
+                node,
+                cfg,
+                exec: None,
+                store: ExecutorSnapshot::fresh(epoch),
+                inc: 0,
+                tick_at: None,
+                crash: None,
+                byz: spec.byzantine.map(Byzantine::new),
+                connecting: None,
+                engine: std::collections::BTreeMap::new(),
+                restart_at: None,
+            });
+        }
+        let bounds = Bounds {
+            stop: dur(mill_cfg.reconnect_grace)
+                + dur(mill_cfg.silence_timeout)
+                + dur(mill_cfg.cancel_ack_timeout)
+                + 10 * SEC,
+            starve: 2 * dur(mill_cfg.bid_timeout) + 2 * dur(mill_cfg.snapshot_interval) + 5 * SEC,
+        };
+        let arrivals = workload.arrivals.len();
+        let w = World {
+            now: 0,
+            scenario: scenario.clone(),
+            heal_at: scenario.fault_window,
+            plan,
+            workload,
+            mill_cfg,
+            mill: None,
+            mill_store: Default::default(),
+            mill_inc: 0,
+            mill_tick_at: None,
+            mill_crash: None,
+            mill_host_down: false,
+            mill_restart_at: None,
+            execs,
+            net: Net::new(n, Rng::new(seed, Purpose::Network)),
+            healed: false,
+            job_of_arrival: vec![None; arrivals],
+            arrivals_done: 0,
+            leases: HashMap::new(),
+            last_ask: vec![None; n],
+            index,
+            snapshot_delivered: vec![None; n],
+        };
+        let mut names = vec!["mill".to_string()];
+        names.extend((0..n).map(|i| format!("x{i}")));
+        Sim {
+            w,
+            c: Checker::new(bounds),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            engines: Rng::new(seed, Purpose::Engines),
+            process,
+            byz,
+            trace,
+            cov: Coverage::default(),
+            stats: Stats::default(),
+            failure: None,
+            names,
+            mill_outs: Vec::new(),
+            exec_outs: Vec::new(),
+            restart_results: Vec::new(),
+            step_wrote: false,
+            step_outputs: 0,
+            done: false,
+            deadline: None,
+        }
+    }
+
+    fn at(&mut self, at: Micros, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Entry {
+            at: at.max(self.w.now),
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn violate(&mut self, v: Violation) {
+        if self.failure.is_none() {
+            let now = self.w.now;
+            let text = v.to_string();
+            self.trace.line(now, "sim", |s| {
+                s.push_str("!! ");
+                s.push_str(&text);
+            });
+            self.failure = Some(v);
+        }
+    }
+
+    fn check(&mut self, r: Result<(), Violation>) {
+        if let Err(v) = r {
+            self.violate(v);
+        }
+    }
+
+    /// Runs to the end: everything quiescent after the heal, a failure, or the liveness bound.
+    pub fn run(&mut self) {
+        let mill = Mill::new(self.w.mill_cfg.clone(), None, t(0));
+        match mill {
+            Ok(m) => self.w.mill = Some(m),
+            Err(e) => {
+                self.violate(Violation {
+                    rule: "config",
+                    message: format!("mill config: {e}"),
+                });
+                return;
+            }
+        }
+        self.after_mill_step(StepCtx::Other);
+        for i in 0..self.w.execs.len() {
+            self.start_exec(i);
+        }
+        for k in 0..self.w.workload.arrivals.len() {
+            let at = self.w.workload.arrivals[k].0;
+            self.at(at, Ev::Arrive(k));
+        }
+        for k in 0..self.w.plan.faults.faults.len() {
+            let at = self.w.plan.faults.faults[k].0;
+            self.at(at, Ev::Fault(k));
+        }
+        self.at(self.w.heal_at, Ev::Heal);
+        self.at(SEC, Ev::Sample);
+        while let Some(e) = self.queue.pop() {
+            if self.failure.is_some() || self.done {
+                break;
+            }
+            self.w.now = self.w.now.max(e.at);
+            self.stats.events += 1;
+            self.event(e.ev);
+        }
+        self.stats.packets = self.w.net.sent;
+        self.trace.finish();
+    }
+
+    fn event(&mut self, ev: Ev) {
+        let now = self.w.now;
+        match ev {
+            Ev::MillTick => {
+                if self.w.mill_tick_at == Some(now) {
+                    self.w.mill_tick_at = None;
+                }
+                let due = self
+                    .w
+                    .mill
+                    .as_ref()
+                    .and_then(|m| m.next_deadline())
+                    .is_some_and(|d| d.as_micros() <= now);
+                if due {
+                    self.mill_input(MillInput::Tick, StepCtx::Other);
+                } else {
+                    self.schedule_mill_tick();
+                }
+            }
+            Ev::ExecTick(i) => {
+                if self.w.execs[i].tick_at == Some(now) {
+                    self.w.execs[i].tick_at = None;
+                }
+                let due = self.w.execs[i]
+                    .exec
+                    .as_ref()
+                    .and_then(|x| x.next_deadline())
+                    .is_some_and(|d| d.as_micros() <= now);
+                if due {
+                    self.exec_input(i, ExecutorInput::Tick);
+                } else {
+                    self.schedule_exec_tick(i);
+                }
+            }
+            Ev::Pump { conn, up } => self.pump(conn, up),
+            Ev::ConnectTimeout { exec, conn } => {
+                if self.w.execs[exec].connecting == Some(conn) {
+                    self.w.execs[exec].connecting = None;
+                    self.abandon(conn);
+                    self.exec_input(exec, ExecutorInput::ConnectFailed);
+                }
+            }
+            Ev::ResetNotify { conn, to_mill } => self.reset_notify(conn, to_mill),
+            Ev::EngineStart { exec, inc, lease } => {
+                let p = &mut self.w.execs[exec];
+                if p.inc != inc || p.exec.is_none() {
+                    return;
+                }
+                let Some(job) = p.engine.get_mut(&lease) else {
+                    return;
+                };
+                if job.started {
+                    return;
+                }
+                job.started = true;
+                self.exec_input(exec, ExecutorInput::JobStarted { lease });
+            }
+            Ev::EngineExit {
+                exec,
+                inc,
+                lease,
+                how,
+            } => self.engine_exit(exec, inc, lease, how),
+            Ev::Arrive(k) => self.arrive(k),
+            Ev::UserCancel(k) => {
+                if let Some(job) = self.w.job_of_arrival[k] {
+                    let _ = self.mill_input(
+                        MillInput::Cancel {
+                            job,
+                            reason: "cancelled by its user".into(),
+                        },
+                        StepCtx::Other,
+                    );
+                }
+            }
+            Ev::Fault(k) => {
+                if !self.w.healed {
+                    let fault = self.w.plan.faults.faults[k].1.clone();
+                    self.fault(fault);
+                }
+            }
+            Ev::Unblock { side, up, down } => {
+                for &i in &side {
+                    if up {
+                        self.w.net.blocks.up[i] = self.w.net.blocks.up[i].saturating_sub(1);
+                    }
+                    if down {
+                        self.w.net.blocks.down[i] = self.w.net.blocks.down[i].saturating_sub(1);
+                    }
+                }
+                self.trace.line(now, "net", |s| {
+                    s.push_str(&format!("unblock {side:?} up={up} down={down}"))
+                });
+                self.repump(|i| side.contains(&i));
+            }
+            Ev::SpikeEnd(extra) => {
+                self.w.net.spike = self.w.net.spike.saturating_sub(extra);
+            }
+            Ev::CrashDeadline(p) => match p {
+                Proc::Mill => {
+                    if let Some(plan) = self.w.mill_crash.take() {
+                        self.crash_mill(plan);
+                    }
+                }
+                Proc::Exec(i) => {
+                    if let Some(plan) = self.w.execs[i].crash.take() {
+                        self.crash_exec(i, plan);
+                    }
+                }
+            },
+            Ev::Restart(p) => match p {
+                Proc::Mill => {
+                    if self.w.mill.is_none() && self.w.mill_restart_at.is_some_and(|r| r <= now) {
+                        self.restart_mill();
+                    }
+                }
+                Proc::Exec(i) => {
+                    let p = &self.w.execs[i];
+                    if p.exec.is_none() && p.restart_at.is_some_and(|r| r <= now) {
+                        self.start_exec(i);
+                    }
+                }
+            },
+            Ev::Heal => self.heal(),
+            Ev::Sample => {
+                let r = self.c.sample(&self.w);
+                self.check(r);
+                if self.w.healed && self.failure.is_none() && self.quiet() {
+                    let r = self.c.quiescent(&self.w);
+                    self.check(r);
+                    self.done = true;
+                    self.trace.line(now, "sim", |s| s.push_str("quiescent: done"));
+                    return;
+                }
+                self.at(now + SEC, Ev::Sample);
+            }
+            Ev::Deadline => self.stuck(),
+        }
+    }
+
+    // ---- the mill ------------------------------------------------------------------------
+
+    fn mill_input(
+        &mut self,
+        input: MillInput,
+        ctx: StepCtx,
+    ) -> Option<Result<Reply, RequestError>> {
+        let now = self.w.now;
+        let mill = self.w.mill.as_mut()?;
+        if self.trace.enabled() {
+            self.trace.line(now, "mill", |s| trace::mill_input(s, &input));
+        }
+        let reply = mill.handle(t(now), input);
+        self.stats.mill_steps += 1;
+        self.after_mill_step(ctx);
+        Some(reply)
+    }
+
+    /// Drains the mill's outputs and acts on them in order (or crashes it at a boundary).
+    fn after_mill_step(&mut self, ctx: StepCtx) {
+        let mut outs = std::mem::take(&mut self.mill_outs);
+        if let Some(m) = self.w.mill.as_mut() {
+            while let Some(o) = m.poll_output() {
+                outs.push(o);
+            }
+        }
+        self.step_outputs = outs.len();
+        self.step_wrote = false;
+        // Persist before send: at most one Persist, and nothing before it.
+        let persists = outs
+            .iter()
+            .filter(|o| matches!(o, MillOutput::Persist(_)))
+            .count();
+        let first_ok = outs
+            .iter()
+            .position(|o| matches!(o, MillOutput::Persist(_)))
+            .is_none_or(|p| p == 0);
+        if persists > 1 || !first_ok {
+            self.violate(Violation {
+                rule: "persist-before-send",
+                message: format!(
+                    "a mill step emitted {persists} Persist outputs, the first at a later position than an effect"
+                ),
+            });
+        }
+        let crash_at = self.w.mill_crash.map(|_| {
+            let n = outs.len();
+            if n > 1 && matches!(outs[0], MillOutput::Persist(_)) && self.process.chance(0.5) {
+                1
+            } else {
+                self.process.index(n + 1)
+            }
+        });
+        let mut crashed = false;
+        for (k, o) in outs.drain(..).enumerate() {
+            if crash_at == Some(k) {
+                crashed = true;
+                if k == 1 {
+                    self.cov.hit(Path::CrashAfterPersist);
+                }
+                break;
+            }
+            if self.failure.is_some() {
+                break;
+            }
+            self.mill_output(o, &ctx);
+        }
+        self.mill_outs = outs;
+        if crashed || crash_at.is_some() {
+            if let Some(plan) = self.w.mill_crash.take() {
+                self.crash_mill(plan);
+            }
+            return;
+        }
+        self.schedule_mill_tick();
+    }
+
+    fn schedule_mill_tick(&mut self) {
+        let Some(d) = self.w.mill.as_ref().and_then(|m| m.next_deadline()) else {
+            return;
+        };
+        let d = d.as_micros().max(self.w.now);
+        if self.w.mill_tick_at.is_none_or(|s| d < s) {
+            self.w.mill_tick_at = Some(d);
+            self.at(d, Ev::MillTick);
+        }
+    }
+
+    fn mill_output(&mut self, o: MillOutput, ctx: &StepCtx) {
+        let now = self.w.now;
+        if self.trace.enabled() {
+            self.trace.line(now, "mill", |s| trace::mill_output(s, &o));
+        }
+        match o {
+            MillOutput::Persist(batch) => {
+                self.step_wrote = true;
+                self.w.mill_store.apply(&batch);
+                let r = self.c.mill_persist(&self.w, &batch, ctx);
+                self.check(r);
+                if !self.restart_results.is_empty() {
+                    let store = &self.w.mill_store;
+                    let execs = &self.w.execs;
+                    let before = self.restart_results.len();
+                    self.restart_results.retain(|(i, epoch, seqno)| {
+                        store
+                            .cursors
+                            .get(&(execs[*i].node.clone(), *epoch))
+                            .is_none_or(|c| c < seqno)
+                    });
+                    for _ in self.restart_results.len()..before {
+                        self.cov.hit(Path::RestartDeliveredUnackedResult);
+                    }
+                }
+            }
+            MillOutput::Send { conn, msg } => {
+                let r = self.c.mill_send(&self.w, conn, &msg);
+                self.check(r);
+                if let ToExecutor::ReserveSeat { lease, job, spec, .. } = &msg {
+                    if let Some(exec) = self.w.exec_of_conn(conn) {
+                        self.w.leases.insert(
+                            *lease,
+                            LeaseInfo {
+                                job: *job,
+                                exec,
+                                engine: spec.engine.clone(),
+                            },
+                        );
+                        self.w.last_ask[exec] = Some(*lease);
+                    }
+                }
+                let open = self.w.net.conns.get(&conn).is_some_and(|c| c.mill_open);
+                if open {
+                    let payload = self.encode_down(msg);
+                    if let Some(at) = self.w.net.push(now, conn, false, Packet::Msg(payload)) {
+                        self.at(at, Ev::Pump { conn, up: false });
+                    }
+                }
+            }
+            MillOutput::Close { conn, .. } => {
+                let Some(c) = self.w.net.conns.get_mut(&conn) else {
+                    return;
+                };
+                if c.mill_open {
+                    c.mill_open = false;
+                    if let Some(at) = self.w.net.push(now, conn, false, Packet::Fin) {
+                        self.at(at, Ev::Pump { conn, up: false });
+                    }
+                }
+            }
+            MillOutput::JobUpdate { .. } | MillOutput::LiveLog { .. } => {}
+            MillOutput::Observed(obs) => match obs {
+                Observation::Rare(p) => {
+                    if let Some(path) = from_rare(p) {
+                        self.cov.hit(path);
+                    }
+                }
+                Observation::Quarantined { node } => {
+                    self.cov.hit(Path::Quarantine);
+                    self.c.quarantine_observed(&node);
+                    if let Some(i) = self.w.exec_of(&node) {
+                        if self.w.execs[i].honest() {
+                            self.violate(Violation {
+                                rule: "I8",
+                                message: format!("honest {node} was quarantined"),
+                            });
+                        }
+                    }
+                }
+                Observation::Violation { node, reason } => {
+                    self.stats.violations += 1;
+                    if let Some(i) = self.w.exec_of(&node) {
+                        if self.w.execs[i].honest() {
+                            self.violate(Violation {
+                                rule: "I8",
+                                message: format!("honest {node} charged with a violation: {reason}"),
+                            });
+                        }
+                    }
+                }
+                Observation::Placed { .. } | Observation::Refused { .. } => {}
+            },
+        }
+    }
+
+    fn encode_down(&mut self, msg: ToExecutor) -> Payload {
+        if self.w.scenario.codec_fraction >= 1.0 {
+            match codec::encode(&msg) {
+                Ok(bytes) => return Payload::Frame(bytes),
+                Err(e) => {
+                    self.violate(Violation {
+                        rule: "codec",
+                        message: format!("mill message does not encode: {e}"),
+                    });
+                }
+            }
+        }
+        Payload::ToExec(msg)
+    }
+
+    fn encode_up(&mut self, msg: ToMill) -> Payload {
+        if self.w.scenario.codec_fraction >= 1.0 {
+            match codec::encode(&msg) {
+                Ok(bytes) => return Payload::Frame(bytes),
+                Err(e) => {
+                    self.violate(Violation {
+                        rule: "codec",
+                        message: format!("executor message does not encode: {e}"),
+                    });
+                }
+            }
+        }
+        Payload::ToMill(msg)
+    }
+
+    // ---- executors -----------------------------------------------------------------------
+
+    fn exec_input(&mut self, i: usize, input: ExecutorInput) {
+        let now = self.w.now;
+        if !matches!(input, ExecutorInput::Tick) {
+            let due = self.w.execs[i]
+                .exec
+                .as_ref()
+                .and_then(|x| x.next_deadline())
+                .is_some_and(|d| d.as_micros() <= now);
+            if due {
+                // Timers run in a step of their own, so each step's outputs stay in
+                // persist-before-send order.
+                self.exec_input(i, ExecutorInput::Tick);
+            }
+        }
+        let Some(x) = self.w.execs[i].exec.as_mut() else {
+            return;
+        };
+        if self.trace.enabled() {
+            let name = &self.names[i + 1];
+            self.trace.line(now, name, |s| trace::exec_input(s, &input));
+        }
+        x.handle(t(now), input);
+        self.stats.exec_steps += 1;
+        self.after_exec_step(i);
+    }
+
+    fn after_exec_step(&mut self, i: usize) {
+        let mut outs = std::mem::take(&mut self.exec_outs);
+        if let Some(x) = self.w.execs[i].exec.as_mut() {
+            while let Some(o) = x.poll_output() {
+                outs.push(o);
+            }
+        }
+        let mut persists = 0;
+        let mut effect = false;
+        for o in &outs {
+            match o {
+                ExecutorOutput::Persist(_) => {
+                    persists += 1;
+                    if effect || persists > 1 {
+                        self.violate(Violation {
+                            rule: "persist-before-send",
+                            message: format!(
+                                "x{i} emitted a Persist after another output of the same step"
+                            ),
+                        });
+                    }
+                }
+                ExecutorOutput::Connect
+                | ExecutorOutput::Send { .. }
+                | ExecutorOutput::Close { .. }
+                | ExecutorOutput::StartJob { .. }
+                | ExecutorOutput::StopJob { .. } => effect = true,
+            }
+        }
+        let crash_at = self.w.execs[i].crash.map(|_| {
+            let n = outs.len();
+            if n > 1 && matches!(outs[0], ExecutorOutput::Persist(_)) && self.process.chance(0.5) {
+                1
+            } else {
+                self.process.index(n + 1)
+            }
+        });
+        let mut crashed = false;
+        for (k, o) in outs.drain(..).enumerate() {
+            if crash_at == Some(k) {
+                crashed = true;
+                break;
+            }
+            if self.failure.is_some() || self.w.execs[i].exec.is_none() {
+                break;
+            }
+            self.exec_output(i, o);
+        }
+        self.exec_outs = outs;
+        if crashed || crash_at.is_some() {
+            if let Some(plan) = self.w.execs[i].crash.take() {
+                self.crash_exec(i, plan);
+            }
+            return;
+        }
+        self.schedule_exec_tick(i);
+    }
+
+    fn schedule_exec_tick(&mut self, i: usize) {
+        let Some(d) = self.w.execs[i].exec.as_ref().and_then(|x| x.next_deadline()) else {
+            return;
+        };
+        let d = d.as_micros().max(self.w.now);
+        if self.w.execs[i].tick_at.is_none_or(|s| d < s) {
+            self.w.execs[i].tick_at = Some(d);
+            self.at(d, Ev::ExecTick(i));
+        }
+    }
+
+    fn exec_output(&mut self, i: usize, o: ExecutorOutput) {
+        let now = self.w.now;
+        if self.trace.enabled() {
+            let name = &self.names[i + 1];
+            self.trace.line(now, name, |s| trace::exec_output(s, &o));
+        }
+        match o {
+            ExecutorOutput::Connect => {
+                let inc = self.w.execs[i].inc;
+                let (conn, at) = self.w.net.open(now, i, inc);
+                self.at(at, Ev::Pump { conn, up: true });
+                self.w.execs[i].connecting = Some(conn);
+                self.at(now + CONNECT_TIMEOUT, Ev::ConnectTimeout { exec: i, conn });
+            }
+            ExecutorOutput::Send { conn, msg } => {
+                if self.w.execs[i].honest() || self.w.execs[i].byz.is_some() {
+                    let r = self.c.exec_send(&self.w, i, &msg);
+                    self.check(r);
+                }
+                let open = self.w.net.conns.get(&conn).is_some_and(|c| c.exec_open);
+                if !open {
+                    return;
+                }
+                let ctx = if self.w.execs[i].byz.is_some() {
+                    byz_ctx(&self.w, i)
+                } else {
+                    ByzCtx::default()
+                };
+                let msgs = match self.w.execs[i].byz.as_mut() {
+                    Some(b) => b.outgoing(now, conn, msg, &ctx, &mut self.byz),
+                    None => vec![msg],
+                };
+                for m in msgs {
+                    let payload = self.encode_up(m);
+                    if let Some(at) = self.w.net.push(now, conn, true, Packet::Msg(payload)) {
+                        self.at(at, Ev::Pump { conn, up: true });
+                    }
+                }
+            }
+            ExecutorOutput::Close { conn, .. } => {
+                let Some(c) = self.w.net.conns.get_mut(&conn) else {
+                    return;
+                };
+                if c.exec_open || c.exec_waiting {
+                    c.exec_open = false;
+                    c.exec_waiting = false;
+                    if let Some(at) = self.w.net.push(now, conn, true, Packet::Fin) {
+                        self.at(at, Ev::Pump { conn, up: true });
+                    }
+                }
+            }
+            ExecutorOutput::Persist(batch) => {
+                self.w.execs[i].store.apply(&batch);
+                let r = self.c.exec_persist(&self.w, i, &batch);
+                self.check(r);
+            }
+            ExecutorOutput::StartJob {
+                lease, job, spec, ..
+            } => {
+                self.w.execs[i].engine.insert(
+                    lease,
+                    EngineJob {
+                        job,
+                        started: false,
+                        stopping: false,
+                    },
+                );
+                let r = self.c.start(&self.w, i, lease, job, &spec);
+                self.check(r);
+                let inc = self.w.execs[i].inc;
+                let rng = &mut self.engines;
+                if rng.chance(0.01) {
+                    let at = now + rng.range(MS, 50 * MS);
+                    self.at(
+                        at,
+                        Ev::EngineExit {
+                            exec: i,
+                            inc,
+                            lease,
+                            how: Exit::FailedToStart,
+                        },
+                    );
+                } else {
+                    let start = now + rng.range(MS, 50 * MS);
+                    let d = job_duration(rng, self.w.scenario.job_mean, self.w.scenario.job_max);
+                    let success = rng.chance(0.85);
+                    let code = if success { 0 } else { rng.range(1, 255) as i32 };
+                    self.at(start, Ev::EngineStart { exec: i, inc, lease });
+                    self.at(
+                        start + d,
+                        Ev::EngineExit {
+                            exec: i,
+                            inc,
+                            lease,
+                            how: Exit::Natural { success, code },
+                        },
+                    );
+                }
+            }
+            ExecutorOutput::StopJob { lease, .. } => {
+                self.c.stop(lease);
+                let slow = self.w.execs[i].spec.slow_stop;
+                let inc = self.w.execs[i].inc;
+                let teardown = dur(self.w.mill_cfg.cancel_teardown_timeout);
+                let Some(job) = self.w.execs[i].engine.get_mut(&lease) else {
+                    return;
+                };
+                if job.stopping {
+                    return;
+                }
+                job.stopping = true;
+                let delay = if slow && self.engines.chance(0.7) {
+                    self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC)
+                } else {
+                    self.engines.range(5 * MS, 3 * SEC)
+                };
+                self.at(
+                    now + delay,
+                    Ev::EngineExit {
+                        exec: i,
+                        inc,
+                        lease,
+                        how: Exit::Stopped,
+                    },
+                );
+            }
+        }
+    }
+
+    fn engine_exit(&mut self, exec: usize, inc: u32, lease: LeaseId, how: Exit) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[exec];
+        if p.inc != inc || p.exec.is_none() || p.engine.remove(&lease).is_none() {
+            return;
+        }
+        let log = Some(LogRef {
+            path: LogRef::path_for(lease),
+            hash: format!("sha256:{:064x}", u128::from(lease.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        });
+        let input = match how {
+            Exit::Natural { success, code } => {
+                self.c.exited(lease, now, success);
+                ExecutorInput::JobExited {
+                    lease,
+                    status: if success {
+                        TerminalStatus::Success
+                    } else {
+                        TerminalStatus::Failed
+                    },
+                    exit_code: Some(code),
+                    error: (!success).then(|| format!("exit status {code}")),
+                    log,
+                }
+            }
+            Exit::Stopped => {
+                self.c.exited(lease, now, false);
+                ExecutorInput::JobExited {
+                    lease,
+                    status: TerminalStatus::Cancelled,
+                    exit_code: Some(143),
+                    error: Some("terminated".into()),
+                    log,
+                }
+            }
+            Exit::FailedToStart => {
+                self.c.exited(lease, now, false);
+                ExecutorInput::JobExited {
+                    lease,
+                    status: TerminalStatus::Failed,
+                    exit_code: None,
+                    error: Some("engine failed to start the job".into()),
+                    log: None,
+                }
+            }
+        };
+        self.exec_input(exec, input);
+    }
+
+    // ---- the network ---------------------------------------------------------------------
+
+    fn pump(&mut self, conn: ConnId, up: bool) {
+        let now = self.w.now;
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        let exec = c.exec;
+        let d = if up { &mut c.up } else { &mut c.down };
+        if d.pump_at != Some(now) {
+            return; // stale
+        }
+        d.pump_at = None;
+        if c.reset {
+            return;
+        }
+        let blocked = {
+            let b = if up { &self.w.net.blocks.up } else { &self.w.net.blocks.down };
+            b[exec] > 0
+        };
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        let d = if up { &mut c.up } else { &mut c.down };
+        if blocked {
+            return; // held until the block clears (repump)
+        }
+        let Some((at, _)) = d.queue.front() else {
+            return;
+        };
+        if *at > now {
+            let at = *at;
+            d.pump_at = Some(at);
+            self.at(at, Ev::Pump { conn, up });
+            return;
+        }
+        let Some((_, packet)) = d.queue.pop_front() else {
+            return;
+        };
+        if let Some((next, _)) = d.queue.front() {
+            let next = (*next).max(now);
+            d.pump_at = Some(next);
+            self.at(next, Ev::Pump { conn, up });
+        }
+        if up {
+            self.deliver_up(conn, packet);
+        } else {
+            self.deliver_down(conn, packet);
+        }
+        self.w.net.reap(conn);
+    }
+
+    /// Schedules deliveries held by blocks that no longer apply, for executors `which`.
+    fn repump(&mut self, which: impl Fn(usize) -> bool) {
+        let now = self.w.now;
+        let mut todo = Vec::new();
+        for (id, c) in self.w.net.conns.iter_mut() {
+            if !which(c.exec) || c.reset {
+                continue;
+            }
+            for (up, d) in [(true, &mut c.up), (false, &mut c.down)] {
+                if d.pump_at.is_none() {
+                    if let Some((at, _)) = d.queue.front() {
+                        let at = (*at).max(now);
+                        d.pump_at = Some(at);
+                        todo.push((at, *id, up));
+                    }
+                }
+            }
+        }
+        for (at, conn, up) in todo {
+            self.at(at, Ev::Pump { conn, up });
+        }
+    }
+
+    fn deliver_up(&mut self, conn: ConnId, packet: Packet) {
+        let now = self.w.now;
+        let mill_up = self.w.mill.is_some();
+        let inc = self.w.mill_inc;
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        let exec = c.exec;
+        match packet {
+            Packet::Syn => {
+                if mill_up {
+                    c.mill_open = true;
+                    c.mill_inc = inc;
+                    if let Some(at) = self.w.net.push(now, conn, false, Packet::Accept) {
+                        self.at(at, Ev::Pump { conn, up: false });
+                    }
+                    self.mill_input(MillInput::Connected { conn }, StepCtx::Other);
+                } else if !self.w.mill_host_down {
+                    if let Some(at) = self.w.net.push(now, conn, false, Packet::Refuse) {
+                        self.at(at, Ev::Pump { conn, up: false });
+                    }
+                }
+            }
+            Packet::Msg(payload) => {
+                if !(c.mill_open && mill_up && c.mill_inc == inc) {
+                    return;
+                }
+                let msg = match payload {
+                    Payload::ToMill(m) => m,
+                    Payload::Frame(bytes) => {
+                        c.up.decoder.push(&bytes);
+                        match c.up.decoder.next_to_mill() {
+                            Ok(Some(m)) => m,
+                            other => {
+                                self.violate(Violation {
+                                    rule: "codec",
+                                    message: format!("frame from x{exec} on {conn} did not decode: {other:?}"),
+                                });
+                                return;
+                            }
+                        }
+                    }
+                    Payload::ToExec(_) => return,
+                };
+                let ctx = match &msg {
+                    ToMill::EventBatch { epoch, events } => StepCtx::Batch {
+                        exec,
+                        epoch: *epoch,
+                        events: events.clone(),
+                    },
+                    ToMill::Snapshot { active_leases, .. } => {
+                        self.w.snapshot_delivered[exec] = Some((conn, now));
+                        StepCtx::Snapshot {
+                            exec,
+                            active: active_leases.clone(),
+                        }
+                    }
+                    _ => StepCtx::Other,
+                };
+                self.mill_input(MillInput::Message { conn, msg }, ctx);
+            }
+            Packet::Fin => {
+                if c.mill_open && c.mill_inc == inc {
+                    c.mill_open = false;
+                    self.mill_input(MillInput::Disconnected { conn }, StepCtx::Other);
+                }
+            }
+            Packet::Accept | Packet::Refuse => {}
+        }
+    }
+
+    fn deliver_down(&mut self, conn: ConnId, packet: Packet) {
+        let now = self.w.now;
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        let exec = c.exec;
+        let p = &self.w.execs[exec];
+        let alive = p.exec.is_some() && p.inc == c.exec_inc;
+        match packet {
+            Packet::Accept => {
+                if c.exec_waiting && alive && p.connecting == Some(conn) {
+                    c.exec_waiting = false;
+                    c.exec_open = true;
+                    self.w.execs[exec].connecting = None;
+                    self.exec_input(exec, ExecutorInput::Connected { conn });
+                } else if c.exec_waiting || !c.exec_open {
+                    // Nobody waits for it: the executor's host resets it.
+                    c.exec_waiting = false;
+                    if c.mill_open {
+                        if let Some(at) = self.w.net.push(now, conn, true, Packet::Fin) {
+                            self.at(at, Ev::Pump { conn, up: true });
+                        }
+                    }
+                }
+            }
+            Packet::Refuse => {
+                c.exec_waiting = false;
+                if alive && p.connecting == Some(conn) {
+                    self.w.execs[exec].connecting = None;
+                    self.exec_input(exec, ExecutorInput::ConnectFailed);
+                }
+            }
+            Packet::Msg(payload) => {
+                if !(c.exec_open && alive) {
+                    return;
+                }
+                let msg = match payload {
+                    Payload::ToExec(m) => m,
+                    Payload::Frame(bytes) => {
+                        c.down.decoder.push(&bytes);
+                        match c.down.decoder.next_frame::<ToExecutor>() {
+                            Ok(Some(m)) => m,
+                            other => {
+                                self.violate(Violation {
+                                    rule: "codec",
+                                    message: format!("frame to x{exec} on {conn} did not decode: {other:?}"),
+                                });
+                                return;
+                            }
+                        }
+                    }
+                    Payload::ToMill(_) => return,
+                };
+                if let Some(b) = self.w.execs[exec].byz.as_mut() {
+                    b.incoming(now, conn, &msg, &mut self.byz);
+                }
+                self.exec_input(exec, ExecutorInput::Message { conn, msg });
+            }
+            Packet::Fin => {
+                if c.exec_open && alive {
+                    c.exec_open = false;
+                    self.exec_input(exec, ExecutorInput::Disconnected { conn });
+                } else {
+                    c.exec_open = false;
+                }
+            }
+            Packet::Syn => {}
+        }
+    }
+
+    /// The executor gave up on a connect: its end is gone; the mill end (if the SYN got
+    /// there) sees a FIN.
+    fn abandon(&mut self, conn: ConnId) {
+        let now = self.w.now;
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        c.exec_waiting = false;
+        c.exec_open = false;
+        if let Some(at) = self.w.net.push(now, conn, true, Packet::Fin) {
+            self.at(at, Ev::Pump { conn, up: true });
+        }
+    }
+
+    fn reset_notify(&mut self, conn: ConnId, to_mill: bool) {
+        let inc = self.w.mill_inc;
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        if to_mill {
+            if c.mill_open && c.mill_inc == inc && self.w.mill.is_some() {
+                c.mill_open = false;
+                self.mill_input(MillInput::Disconnected { conn }, StepCtx::Other);
+            } else {
+                c.mill_open = false;
+            }
+        } else {
+            let exec = c.exec;
+            let alive = self.w.execs[exec].exec.is_some() && self.w.execs[exec].inc == c.exec_inc;
+            if c.exec_open {
+                c.exec_open = false;
+                if alive {
+                    self.exec_input(exec, ExecutorInput::Disconnected { conn });
+                }
+            } else if c.exec_waiting {
+                c.exec_waiting = false;
+                if alive && self.w.execs[exec].connecting == Some(conn) {
+                    self.w.execs[exec].connecting = None;
+                    self.exec_input(exec, ExecutorInput::ConnectFailed);
+                }
+            }
+        }
+        self.w.net.reap(conn);
+    }
+
+    // ---- faults --------------------------------------------------------------------------
+
+    fn fault(&mut self, fault: Fault) {
+        let now = self.w.now;
+        self.trace.line(now, "net", |s| s.push_str(&format!("fault: {fault}")));
+        match fault {
+            Fault::Partition {
+                side,
+                one_way,
+                until,
+            } => {
+                for &i in &side {
+                    self.w.net.blocks.up[i] += 1;
+                    if !one_way {
+                        self.w.net.blocks.down[i] += 1;
+                    }
+                }
+                self.at(
+                    until,
+                    Ev::Unblock {
+                        side,
+                        up: true,
+                        down: !one_way,
+                    },
+                );
+            }
+            Fault::Clog {
+                exec,
+                to_mill,
+                until,
+            } => {
+                if to_mill {
+                    self.w.net.blocks.up[exec] += 1;
+                } else {
+                    self.w.net.blocks.down[exec] += 1;
+                }
+                self.at(
+                    until,
+                    Ev::Unblock {
+                        side: vec![exec],
+                        up: to_mill,
+                        down: !to_mill,
+                    },
+                );
+            }
+            Fault::Spike { extra, until } => {
+                self.w.net.spike += extra;
+                self.at(until, Ev::SpikeEnd(extra));
+            }
+            Fault::Reset { exec } => self.reset(exec),
+            Fault::CrashExec {
+                exec,
+                wipe,
+                down,
+                silent,
+            } => {
+                if self.w.execs[exec].exec.is_some() && self.w.execs[exec].crash.is_none() {
+                    self.w.execs[exec].crash = Some(CrashPlan { wipe, down, silent });
+                    self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Exec(exec)));
+                }
+            }
+            Fault::CrashMill { down, silent } => {
+                if self.w.mill.is_some() && self.w.mill_crash.is_none() {
+                    self.w.mill_crash = Some(CrashPlan {
+                        wipe: false,
+                        down,
+                        silent,
+                    });
+                    self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Mill));
+                }
+            }
+        }
+    }
+
+    fn reset(&mut self, exec: usize) {
+        let now = self.w.now;
+        let mut notify = Vec::new();
+        for (id, c) in self.w.net.conns.iter_mut() {
+            if c.exec != exec || c.reset {
+                continue;
+            }
+            c.reset = true;
+            c.up.queue.clear();
+            c.down.queue.clear();
+            c.up.pump_at = None;
+            c.down.pump_at = None;
+            if c.mill_open {
+                notify.push((*id, true));
+            }
+            if c.exec_open || c.exec_waiting {
+                notify.push((*id, false));
+            }
+        }
+        for (conn, to_mill) in notify {
+            let at = now + self.process.range(100, 5 * MS);
+            self.at(at, Ev::ResetNotify { conn, to_mill });
+        }
+    }
+
+    fn crash_mill(&mut self, plan: CrashPlan) {
+        let now = self.w.now;
+        self.trace.line(now, "mill", |s| {
+            s.push_str(&format!("!! crash (down {})", trace::secs(plan.down)))
+        });
+        self.w.mill = None;
+        self.w.mill_inc += 1;
+        self.w.mill_tick_at = None;
+        self.w.mill_host_down = plan.silent;
+        let mut fins = Vec::new();
+        for (id, c) in self.w.net.conns.iter_mut() {
+            if c.mill_open {
+                c.mill_open = false;
+                c.up.queue.retain(|(_, p)| matches!(p, Packet::Syn));
+                if !plan.silent {
+                    fins.push(*id);
+                }
+            }
+        }
+        for conn in fins {
+            if let Some(at) = self.w.net.push(now, conn, false, Packet::Fin) {
+                self.at(at, Ev::Pump { conn, up: false });
+            }
+        }
+        let back = now + plan.down;
+        self.w.mill_restart_at = Some(back);
+        self.at(back, Ev::Restart(Proc::Mill));
+    }
+
+    fn restart_mill(&mut self) {
+        let now = self.w.now;
+        self.trace.line(now, "mill", |s| s.push_str("!! restart from store"));
+        self.w.mill_restart_at = None;
+        self.w.mill_host_down = false;
+        match Mill::new(self.w.mill_cfg.clone(), Some(self.w.mill_store.clone()), t(now)) {
+            Ok(m) => self.w.mill = Some(m),
+            Err(e) => {
+                return self.violate(Violation {
+                    rule: "config",
+                    message: format!("mill restart: {e}"),
+                })
+            }
+        }
+        self.after_mill_step(StepCtx::Other);
+    }
+
+    fn crash_exec(&mut self, i: usize, plan: CrashPlan) {
+        let now = self.w.now;
+        let name = self.names[i + 1].clone();
+        self.trace.line(now, &name, |s| {
+            s.push_str(&format!(
+                "!! crash{} (down {})",
+                if plan.wipe { " + wipe" } else { "" },
+                trace::secs(plan.down)
+            ))
+        });
+        let p = &mut self.w.execs[i];
+        p.exec = None;
+        p.inc += 1;
+        p.tick_at = None;
+        p.connecting = None;
+        let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
+        for lease in killed {
+            self.c.exited(lease, now, false);
+        }
+        let p = &mut self.w.execs[i];
+        if plan.wipe {
+            let epoch = Epoch(self.process.range(1, u64::MAX / 2));
+            p.store = ExecutorSnapshot::fresh(epoch);
+        }
+        let mut fins = Vec::new();
+        for (id, c) in self.w.net.conns.iter_mut() {
+            if c.exec != i {
+                continue;
+            }
+            if c.exec_open || c.exec_waiting {
+                c.exec_open = false;
+                c.exec_waiting = false;
+                c.down.queue.clear();
+                if !plan.silent {
+                    fins.push(*id);
+                }
+            }
+        }
+        for conn in fins {
+            if let Some(at) = self.w.net.push(now, conn, true, Packet::Fin) {
+                self.at(at, Ev::Pump { conn, up: true });
+            }
+        }
+        let back = now + plan.down;
+        self.w.execs[i].restart_at = Some(back);
+        self.at(back, Ev::Restart(Proc::Exec(i)));
+    }
+
+    fn start_exec(&mut self, i: usize) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[i];
+        p.restart_at = None;
+        p.cfg.backoff_seed = self.process.next_u64();
+        let restarted = p.inc > 0;
+        let x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
+        p.exec = Some(x);
+        if restarted {
+            let name = self.names[i + 1].clone();
+            self.trace.line(now, &name, |s| s.push_str("!! restart"));
+        }
+        self.after_exec_step(i);
+        let p = &self.w.execs[i];
+        if restarted {
+            let last_result = p
+                .store
+                .outbox
+                .iter()
+                .filter(|e| matches!(e.kind, millrace_core::wire::EventKind::Terminal { .. }))
+                .map(|e| e.seqno)
+                .max();
+            if let Some(seqno) = last_result {
+                self.restart_results.push((i, p.store.epoch, seqno));
+            }
+        }
+    }
+
+    fn heal(&mut self) {
+        let now = self.w.now;
+        self.trace.line(now, "net", |s| s.push_str("heal: faults stop"));
+        self.w.healed = true;
+        for b in self.w.net.blocks.up.iter_mut().chain(self.w.net.blocks.down.iter_mut()) {
+            *b = 0;
+        }
+        self.w.net.spike = 0;
+        self.repump(|_| true);
+        self.w.mill_crash = None;
+        if self.w.mill.is_none() {
+            self.restart_mill();
+        }
+        for i in 0..self.w.execs.len() {
+            self.w.execs[i].crash = None;
+            if self.w.execs[i].exec.is_none() {
+                self.start_exec(i);
+            }
+        }
+        // Liveness: the bound after which every job must have ended (I9).
+        let cfg = &self.w.mill_cfg;
+        let recovery = dur(cfg.reconnect_grace)
+            + dur(cfg.silence_timeout)
+            + 10 * SEC
+            + CONNECT_TIMEOUT
+            + dur(cfg.cancel_ack_timeout)
+            + dur(cfg.cancel_teardown_timeout)
+            + 40 * SEC;
+        let remaining = self.c.open_jobs().len()
+            + self.w.workload.arrivals.len().saturating_sub(self.w.arrivals_done);
+        let seats: u64 = self
+            .w
+            .execs
+            .iter()
+            .filter(|p| p.honest())
+            .map(|p| p.cfg.total_capacity())
+            .sum::<u64>()
+            .max(1);
+        let rounds = remaining as u64 / seats + 1;
+        let per_round = self.w.scenario.job_max + 2 * dur(cfg.bid_timeout) + 5 * SEC;
+        let last_arrival = self.w.workload.arrivals.last().map_or(0, |a| a.0);
+        let deadline = now.max(last_arrival) + recovery + rounds * per_round + 60 * SEC;
+        self.deadline = Some(deadline);
+        self.at(deadline, Ev::Deadline);
+    }
+
+    /// After the heal: everything submitted ended, nothing held, every outbox drained.
+    fn quiet(&self) -> bool {
+        let w = &self.w;
+        if w.arrivals_done < w.workload.arrivals.len() || !self.c.open_jobs().is_empty() {
+            return false;
+        }
+        let Some(mill) = &w.mill else {
+            return false;
+        };
+        if mill.leases().next().is_some() || mill.quota().waiting() > 0 {
+            return false;
+        }
+        w.execs.iter().all(|p| {
+            let quarantined = mill.quarantined().contains(&p.node);
+            p.exec.as_ref().is_some_and(|x| {
+                x.reserved_leases().next().is_none()
+                    && x.running_leases().next().is_none()
+                    && (quarantined || p.store.outbox.is_empty())
+                    && (p.honest() || quarantined)
+            }) && p.engine.is_empty()
+        })
+    }
+
+    /// The liveness bound passed: say which jobs are stuck, and where.
+    fn stuck(&mut self) {
+        let mut lines = Vec::new();
+        for job in self.c.open_jobs().into_iter().take(10) {
+            let state = self
+                .w
+                .mill
+                .as_ref()
+                .and_then(|m| m.job_state(job))
+                .map_or("(mill down or unknown)".to_string(), |s| {
+                    let mut out = String::new();
+                    match &s {
+                        millrace_core::JobState::Queued => out.push_str("queued"),
+                        millrace_core::JobState::Reserved { lease, node } => {
+                            out.push_str(&format!("reserved {lease}@{node}"))
+                        }
+                        millrace_core::JobState::Running { lease, node } => {
+                            out.push_str(&format!("running {lease}@{node}"))
+                        }
+                        millrace_core::JobState::Done(t) => trace::terminal(&mut out, t),
+                    }
+                    out
+                });
+            let waiting = self
+                .w
+                .mill
+                .as_ref()
+                .is_some_and(|m| m.quota().is_waiting(job));
+            let spec = self
+                .w
+                .mill_store
+                .jobs
+                .get(&job)
+                .map(|r| format!("{} labels={:?} res={:?}", r.spec.engine, r.spec.labels, r.spec.resources))
+                .unwrap_or_default();
+            lines.push(format!(
+                "{job}: {state}{} ({spec})",
+                if waiting { ", waiting for quota" } else { "" }
+            ));
+        }
+        let mut detail = String::new();
+        if lines.is_empty() {
+            detail.push_str("every job ended, but the system never went quiet:");
+            if let Some(m) = &self.w.mill {
+                for (l, j, n, ..) in m.leases().take(5) {
+                    detail.push_str(&format!(" mill holds {l} of {j} on {n};"));
+                }
+                if m.quota().waiting() > 0 {
+                    detail.push_str(" quota waiters remain;");
+                }
+            }
+            for (i, p) in self.w.execs.iter().enumerate() {
+                let q = self
+                    .w
+                    .mill
+                    .as_ref()
+                    .is_some_and(|m| m.quarantined().contains(&p.node));
+                match &p.exec {
+                    None => detail.push_str(&format!(" x{i} down;")),
+                    Some(x) => {
+                        let r: Vec<LeaseId> = x.reserved_leases().chain(x.running_leases()).collect();
+                        if !r.is_empty() || (!q && !p.store.outbox.is_empty()) || !p.engine.is_empty() {
+                            detail.push_str(&format!(
+                                " x{i}: seats {r:?}, outbox {}, engine {}, ready {};",
+                                p.store.outbox.len(),
+                                p.engine.len(),
+                                x.is_ready()
+                            ));
+                        }
+                        if !p.honest() && !q {
+                            detail.push_str(&format!(" misbehaving x{i} not quarantined;"));
+                        }
+                    }
+                }
+            }
+        } else {
+            detail = lines.join("; ");
+        }
+        let heal = self.w.heal_at;
+        self.violate(Violation {
+            rule: "I9",
+            message: format!(
+                "not every job ended within the liveness bound ({} after the heal at {}): {detail}",
+                trace::secs(self.w.now.saturating_sub(heal)),
+                trace::secs(heal)
+            ),
+        });
+    }
+
+    // ---- the workload --------------------------------------------------------------------
+
+    fn arrive(&mut self, k: usize) {
+        let now = self.w.now;
+        let (_, arrival) = self.w.workload.arrivals[k].clone();
+        if self.w.mill.is_none() {
+            // The client retries until the mill is back.
+            self.at(now + SEC, Ev::Arrive(k));
+            return;
+        }
+        match arrival {
+            Arrival::Job { spec, cancel_after } => {
+                let r = self.mill_input(
+                    MillInput::Submit {
+                        spec,
+                        submitted_at_ms: now / MS,
+                    },
+                    StepCtx::Other,
+                );
+                match r {
+                    Some(Ok(Reply::Submitted(job))) => {
+                        if self.c.inserted(job) {
+                            self.w.arrivals_done += 1;
+                            self.stats.accepted += 1;
+                            self.w.job_of_arrival[k] = Some(job);
+                            let r = self.c.accepted(job, k);
+                            self.check(r);
+                            if let Some(after) = cancel_after {
+                                self.at(now + after, Ev::UserCancel(k));
+                            }
+                        } else {
+                            // The mill crashed before the insert was durable: no answer
+                            // reached the client, which tries again.
+                            self.at(now + SEC, Ev::Arrive(k));
+                        }
+                    }
+                    Some(Ok(Reply::Done)) => {
+                        self.w.arrivals_done += 1;
+                        self.violate(Violation {
+                            rule: "I2",
+                            message: "Submit answered Done instead of a job id".into(),
+                        });
+                    }
+                    Some(Err(RequestError::TooManyPending { .. })) => {
+                        self.w.arrivals_done += 1;
+                        self.cov.hit(Path::TooManyPending);
+                        if self.step_wrote {
+                            self.violate(Violation {
+                                rule: "I2",
+                                message: "a submit refused for max_pending stored something (M10)".into(),
+                            });
+                        }
+                    }
+                    Some(Err(e)) => {
+                        self.w.arrivals_done += 1;
+                        self.violate(Violation {
+                            rule: "I2",
+                            message: format!("a valid submit was refused: {e}"),
+                        });
+                    }
+                    None => self.at(now + SEC, Ev::Arrive(k)),
+                }
+            }
+            Arrival::Invalid { spec, what } => {
+                self.w.arrivals_done += 1;
+                let r = self.mill_input(
+                    MillInput::Submit {
+                        spec,
+                        submitted_at_ms: now / MS,
+                    },
+                    StepCtx::Other,
+                );
+                let refused = matches!(r, Some(Err(RequestError::Spec(_))));
+                if !refused || self.step_outputs > 0 {
+                    self.violate(Violation {
+                        rule: "I2",
+                        message: format!(
+                            "an invalid submit ({what}) was not refused cleanly: {r:?}, {} outputs",
+                            self.step_outputs
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The liveness deadline, once the faults have healed.
+    pub fn deadline(&self) -> Option<Micros> {
+        self.deadline
+    }
+}
+
+fn dur(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn byz_ctx(w: &World, me: usize) -> ByzCtx {
+    let foreign_ask = w
+        .last_ask
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .filter_map(|(_, l)| *l)
+        .max();
+    let foreign_lease = w
+        .execs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .flat_map(|(_, p)| p.engine.keys().copied())
+        .max();
+    ByzCtx {
+        foreign_ask,
+        foreign_lease,
+    }
+}

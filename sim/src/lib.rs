@@ -1,0 +1,105 @@
+//! millrace's deterministic simulator.
+//!
+//! One `u64` seed drives a whole cluster — one mill, N executors, a TCP-like network, engines
+//! and a workload — through the very state machines production runs (`millrace_core`), on a
+//! virtual clock, in a single thread. The seed picks which fault families are on (swarm
+//! testing) and a fault plan (partitions, clogs, latency spikes, resets, crashes at any output
+//! boundary, disk wipes, mill restarts, misbehaving executors). Checkers (I1–I10) watch every
+//! step; after the fault window the network heals and every job must end (liveness). A
+//! failing seed replays byte for byte: the trace hash is the proof.
+//!
+//! Modules: `rng` (seeded streams), `scenario` (scenarios, swarm, fault plan), `workload`
+//! (fleet and jobs), `net` (connections), `byzantine` (violators), `world` (state), `driver`
+//! (the event loop), `checkers` (invariants), `coverage` (rare paths), `trace` (lines, hash),
+//! `report` (failure reports).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod byzantine;
+pub mod checkers;
+pub mod coverage;
+pub mod driver;
+pub mod net;
+pub mod report;
+pub mod rng;
+pub mod scenario;
+pub mod trace;
+pub mod workload;
+pub mod world;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use checkers::Violation;
+use coverage::Coverage;
+use driver::{Sim, Stats};
+use scenario::{Micros, Scenario, SeedPlan};
+use trace::Trace;
+use workload::ExecSpec;
+
+/// What one seed did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// The seed.
+    pub seed: u64,
+    /// Its swarm and fault plan.
+    pub plan: SeedPlan,
+    /// Its fleet.
+    pub fleet: Vec<ExecSpec>,
+    /// The first broken rule, if any.
+    pub failure: Option<Violation>,
+    /// Simulated time when it failed (or ended).
+    pub end: Micros,
+    /// Rare paths reached.
+    pub coverage: Coverage,
+    /// Counters.
+    pub stats: Stats,
+    /// The trace hash, when traced.
+    pub trace_hash: Option<String>,
+    /// Trace lines recorded.
+    pub trace_lines: u64,
+    /// The last trace lines, when traced.
+    pub last_lines: Vec<String>,
+}
+
+/// Runs one seed. A panic inside the core (or the simulator) is reported as a failure.
+pub fn run(scenario: &Scenario, seed: u64, trace: Trace) -> Outcome {
+    let mut sim = Sim::new(scenario, seed, trace);
+    let result = catch_unwind(AssertUnwindSafe(|| sim.run()));
+    if let Err(panic) = result {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "(no message)".into());
+        sim.failure.get_or_insert(Violation {
+            rule: "panic",
+            message: what,
+        });
+    }
+    let traced = sim.trace.enabled();
+    Outcome {
+        scenario: scenario.name,
+        seed,
+        plan: sim.w.plan.clone(),
+        fleet: sim.w.workload.fleet.clone(),
+        failure: sim.failure.clone(),
+        end: sim.w.now,
+        coverage: sim.cov.clone(),
+        stats: sim.stats,
+        trace_hash: traced.then(|| sim.trace.hash()),
+        trace_lines: sim.trace.count(),
+        last_lines: sim.trace.last_lines(),
+    }
+}
+
+/// Runs one seed without a trace (the fast path fuzzing takes).
+pub fn run_fast(scenario: &Scenario, seed: u64) -> Outcome {
+    run(scenario, seed, Trace::off())
+}
+
+/// Runs one seed with a trace keeping the last `keep` lines.
+pub fn run_traced(scenario: &Scenario, seed: u64, keep: usize) -> Outcome {
+    run(scenario, seed, Trace::on(keep, None))
+}

@@ -1,0 +1,191 @@
+//! `millrace-sim`: fuzz seeds, replay one, list scenarios.
+//!
+//! Exit codes: 0 all good, 1 an invariant failed, 2 bad arguments.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use sim::coverage::Coverage;
+use sim::report::{failure_report, REPORT_LINES};
+use sim::scenario::{scenario, scenarios, Scenario, SEC};
+use sim::trace::Trace;
+
+#[derive(Parser)]
+#[command(name = "millrace-sim", about = "millrace's deterministic simulator", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs seeds start..start+N, stopping at the first failure (exit 1).
+    Fuzz {
+        /// How many seeds.
+        #[arg(long)]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+        /// The scenario (see `list`).
+        #[arg(long, default_value = "smoke")]
+        scenario: String,
+    },
+    /// Runs one seed, prints the invariant outcome and the trace hash.
+    Replay {
+        /// The seed.
+        #[arg(long)]
+        seed: u64,
+        /// The scenario (see `list`).
+        #[arg(long, default_value = "smoke")]
+        scenario: String,
+        /// Writes the full trace (one line per event) to this file.
+        #[arg(long)]
+        trace: Option<std::path::PathBuf>,
+    },
+    /// Lists the built-in scenarios.
+    List,
+}
+
+fn find(name: &str) -> Result<Scenario, ExitCode> {
+    scenario(name).ok_or_else(|| {
+        let names: Vec<&str> = scenarios().iter().map(|s| s.name).collect();
+        eprintln!(
+            "error: unknown scenario {name:?}; known: {} (see `millrace-sim list`)",
+            names.join(", ")
+        );
+        ExitCode::from(2)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(2),
+            };
+        }
+    };
+    match cli.command {
+        Command::List => {
+            for s in scenarios() {
+                println!("{:<14} {}", s.name, s.about);
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Fuzz {
+            seeds,
+            start,
+            scenario,
+        } => match find(&scenario) {
+            Ok(s) => fuzz(&s, start, seeds),
+            Err(code) => code,
+        },
+        Command::Replay {
+            seed,
+            scenario,
+            trace,
+        } => match find(&scenario) {
+            Ok(s) => replay(&s, seed, trace),
+            Err(code) => code,
+        },
+    }
+}
+
+fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
+    if seeds == 0 {
+        eprintln!("error: --seeds must be at least 1");
+        return ExitCode::from(2);
+    }
+    let Some(end) = start.checked_add(seeds) else {
+        eprintln!("error: --start + --seeds overflows u64");
+        return ExitCode::from(2);
+    };
+    let bar = ProgressBar::new(seeds);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds  {per_sec}  eta {eta}  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let began = Instant::now();
+    let mut coverage = Coverage::default();
+    let mut sim_time: u64 = 0;
+    let mut accepted: u64 = 0;
+    for seed in start..end {
+        let o = sim::run_fast(s, seed);
+        coverage.add(&o.coverage);
+        sim_time += o.end;
+        accepted += o.stats.accepted;
+        bar.inc(1);
+        if o.failure.is_some() {
+            bar.abandon();
+            let traced = sim::run_traced(s, seed, REPORT_LINES);
+            println!("{}", failure_report(&o, Some(&traced)));
+            return ExitCode::from(1);
+        }
+    }
+    bar.finish_and_clear();
+    let wall = began.elapsed().as_secs_f64();
+    println!(
+        "{seeds} seeds of {} passed (seeds {start}..{end}) in {wall:.2}s",
+        s.name
+    );
+    println!("  {:.1} seeds/s", seeds as f64 / wall.max(1e-9));
+    println!(
+        "  simulated {:.0}s in all: {:.0}x simulated ÷ wall time",
+        sim_time as f64 / SEC as f64,
+        sim_time as f64 / SEC as f64 / wall.max(1e-9)
+    );
+    println!("  jobs accepted: {accepted}");
+    println!("  rare paths (* = required):");
+    print!("{coverage}");
+    let _ = std::io::stdout().flush();
+    ExitCode::SUCCESS
+}
+
+fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCode {
+    let file = match &trace {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("error: cannot write the trace to {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let began = Instant::now();
+    let o = sim::run(s, seed, Trace::on(REPORT_LINES, file));
+    let wall = began.elapsed().as_secs_f64();
+    let code = match &o.failure {
+        None => {
+            println!(
+                "seed {seed} of {}: every invariant held ({} jobs accepted, ended at {:.1}s simulated, {:.3}s wall)",
+                s.name,
+                o.stats.accepted,
+                o.end as f64 / SEC as f64,
+                wall
+            );
+            println!("  fault families on: {}", o.plan.swarm);
+            println!("  faults: {}", o.plan.faults.faults.len());
+            ExitCode::SUCCESS
+        }
+        Some(_) => {
+            println!("{}", failure_report(&o, None));
+            ExitCode::from(1)
+        }
+    };
+    if let Some(path) = trace {
+        println!("  trace: {} lines in {}", o.trace_lines, path.display());
+    }
+    println!("trace-hash: {}", o.trace_hash.unwrap_or_default());
+    code
+}

@@ -1,0 +1,657 @@
+//! Built-in scenarios, the swarm (which fault families a seed turns on, and how hard), and
+//! the fault plan: plain data derived from the seed before the run starts (TigerBeetle's
+//! habit), printed in every failure report.
+
+use std::fmt;
+use std::time::Duration;
+
+use millrace_core::mill::MillConfig;
+
+use crate::rng::{Purpose, Rng};
+
+/// One microsecond-resolution instant of simulated time, as a plain number.
+pub type Micros = u64;
+
+/// Microseconds in a second.
+pub const SEC: Micros = 1_000_000;
+/// Microseconds in a millisecond.
+pub const MS: Micros = 1_000;
+
+/// A kind of trouble (or of workload feature) that a seed may turn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    /// Symmetric partitions between groups of processes.
+    Partition,
+    /// One-way partitions and clogs of single links.
+    OneWay,
+    /// Latency spikes.
+    Spike,
+    /// Connection resets.
+    Reset,
+    /// Executor crashes and restarts, store intact.
+    ExecCrash,
+    /// Executor crashes that wipe the store (a new epoch).
+    DiskWipe,
+    /// Mill crashes and restarts from its store.
+    MillCrash,
+    /// Executors that send protocol violations.
+    Byzantine,
+    /// Engines that take longer to stop than the teardown deadline.
+    SlowStop,
+    /// Users cancel jobs at random moments.
+    Cancel,
+    /// Tight quotas, quota denials, executors that charge differently, a small `max_pending`.
+    Quota,
+    /// Invalid submits (must be refused with nothing stored).
+    InvalidSubmit,
+}
+
+impl Family {
+    /// Every family, in a fixed order.
+    pub const ALL: [Family; 12] = [
+        Family::Partition,
+        Family::OneWay,
+        Family::Spike,
+        Family::Reset,
+        Family::ExecCrash,
+        Family::DiskWipe,
+        Family::MillCrash,
+        Family::Byzantine,
+        Family::SlowStop,
+        Family::Cancel,
+        Family::Quota,
+        Family::InvalidSubmit,
+    ];
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Partition => "partition",
+            Family::OneWay => "one-way",
+            Family::Spike => "spike",
+            Family::Reset => "reset",
+            Family::ExecCrash => "exec-crash",
+            Family::DiskWipe => "disk-wipe",
+            Family::MillCrash => "mill-crash",
+            Family::Byzantine => "byzantine",
+            Family::SlowStop => "slow-stop",
+            Family::Cancel => "cancel",
+            Family::Quota => "quota",
+            Family::InvalidSubmit => "invalid-submit",
+        }
+    }
+}
+
+/// How a scenario treats a family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Never.
+    Off,
+    /// On for about half the seeds, with a random intensity.
+    Swarm,
+    /// Always, with a random intensity.
+    On,
+}
+
+/// A built-in scenario: topology, workload size, time windows and which families it uses.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// One line for `list`.
+    pub about: &'static str,
+    /// Executors in the fleet.
+    pub executors: usize,
+    /// Jobs the workload submits.
+    pub jobs: usize,
+    /// Jobs arrive over `[0, arrival)`.
+    pub arrival: Micros,
+    /// Faults happen over `[0, fault_window)`; then the network heals and every process
+    /// comes back (liveness mode).
+    pub fault_window: Micros,
+    /// Mean job duration.
+    pub job_mean: Micros,
+    /// Longest job duration.
+    pub job_max: Micros,
+    /// Seats per engine, lowest and highest.
+    pub seats: (u32, u32),
+    /// Fraction of messages round-tripped through the wire codec.
+    pub codec_fraction: f64,
+    /// Family modes, by `Family::ALL` index.
+    pub modes: [Mode; 12],
+}
+
+impl Scenario {
+    /// The mode of `f`.
+    pub fn mode(&self, f: Family) -> Mode {
+        self.modes[f as usize]
+    }
+
+    /// The mill's settings in this scenario: production defaults, except a teardown deadline
+    /// short enough to be reached within a run.
+    pub fn mill_config(&self) -> MillConfig {
+        MillConfig {
+            cancel_teardown_timeout: Duration::from_secs(60),
+            ..MillConfig::default()
+        }
+    }
+}
+
+const S: Mode = Mode::Swarm;
+const O: Mode = Mode::Off;
+const N: Mode = Mode::On;
+
+/// Every built-in scenario.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "smoke",
+            about: "3 executors, 60 jobs over 2 min, swarm over every family (the fast default)",
+            executors: 3,
+            jobs: 60,
+            arrival: 100 * SEC,
+            fault_window: 120 * SEC,
+            job_mean: 3 * SEC,
+            job_max: 40 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [S; 12],
+        },
+        Scenario {
+            name: "calm",
+            about: "3 executors, 60 jobs, no faults at all: the baseline every rule must pass",
+            executors: 3,
+            jobs: 60,
+            arrival: 60 * SEC,
+            fault_window: 0,
+            job_mean: 3 * SEC,
+            job_max: 30 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [O; 12],
+        },
+        Scenario {
+            name: "fleet-5x1000",
+            about: "5 executors, 1,000 jobs over 10 simulated minutes, swarm faults (the benchmark)",
+            executors: 5,
+            jobs: 1000,
+            arrival: 540 * SEC,
+            fault_window: 600 * SEC,
+            job_mean: 2 * SEC,
+            job_max: 45 * SEC,
+            seats: (3, 6),
+            codec_fraction: 1.0,
+            modes: [S; 12],
+        },
+        Scenario {
+            name: "partitions",
+            about: "4 executors, 150 jobs: partitions, one-way clogs, latency spikes, resets",
+            executors: 4,
+            jobs: 150,
+            arrival: 240 * SEC,
+            fault_window: 300 * SEC,
+            job_mean: 4 * SEC,
+            job_max: 60 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [N, N, N, N, O, O, O, O, O, S, O, O],
+        },
+        Scenario {
+            name: "crashes",
+            about: "4 executors, 150 jobs: executor crashes and disk wipes, mill restarts",
+            executors: 4,
+            jobs: 150,
+            arrival: 240 * SEC,
+            fault_window: 300 * SEC,
+            job_mean: 4 * SEC,
+            job_max: 60 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [O, O, O, S, N, N, N, O, O, S, S, O],
+        },
+        Scenario {
+            name: "byzantine",
+            about: "5 executors, some misbehaving: they must end quarantined, nobody else harmed",
+            executors: 5,
+            jobs: 150,
+            arrival: 180 * SEC,
+            fault_window: 200 * SEC,
+            job_mean: 3 * SEC,
+            job_max: 40 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [S, O, O, S, S, O, S, N, O, S, S, O],
+        },
+        Scenario {
+            name: "quota",
+            about: "4 executors, 200 jobs: tight quotas, denials, re-bids, cancels, invalid submits",
+            executors: 4,
+            jobs: 200,
+            arrival: 200 * SEC,
+            fault_window: 220 * SEC,
+            job_mean: 4 * SEC,
+            job_max: 40 * SEC,
+            seats: (2, 5),
+            codec_fraction: 1.0,
+            modes: [O, O, O, S, S, O, S, O, O, N, N, N],
+        },
+        Scenario {
+            name: "teardown",
+            about: "3 executors, 80 jobs: engines slow to stop, cancels, partitions (M26 deadlines)",
+            executors: 3,
+            jobs: 80,
+            arrival: 150 * SEC,
+            fault_window: 180 * SEC,
+            job_mean: 8 * SEC,
+            job_max: 60 * SEC,
+            seats: (1, 3),
+            codec_fraction: 1.0,
+            modes: [S, S, O, S, O, O, S, O, N, N, O, O],
+        },
+    ]
+}
+
+/// Looks a scenario up by name.
+pub fn scenario(name: &str) -> Option<Scenario> {
+    scenarios().into_iter().find(|s| s.name == name)
+}
+
+/// The families a seed turned on, each with an intensity in (0, 1].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Swarm {
+    /// By `Family::ALL` index; `None` is off.
+    pub on: [Option<f64>; 12],
+}
+
+impl Swarm {
+    /// Draws the swarm for a seed: `On` families always, `Swarm` families with probability
+    /// one half; at least one `Swarm` family stays off.
+    pub fn draw(scenario: &Scenario, rng: &mut Rng) -> Swarm {
+        let mut on = [None; 12];
+        let mut swarmed = Vec::new();
+        for f in Family::ALL {
+            let intensity = 0.15 + 0.85 * rng.unit();
+            let coin = rng.chance(0.5);
+            match scenario.mode(f) {
+                Mode::Off => {}
+                Mode::On => on[f as usize] = Some(intensity),
+                Mode::Swarm => {
+                    swarmed.push(f);
+                    if coin {
+                        on[f as usize] = Some(intensity);
+                    }
+                }
+            }
+        }
+        if !swarmed.is_empty() && swarmed.iter().all(|f| on[*f as usize].is_some()) {
+            let f = *rng.pick(&swarmed);
+            on[f as usize] = None;
+        }
+        Swarm { on }
+    }
+
+    /// The intensity of `f`, if on.
+    pub fn get(&self, f: Family) -> Option<f64> {
+        self.on[f as usize]
+    }
+
+    /// Whether `f` is on.
+    pub fn has(&self, f: Family) -> bool {
+        self.get(f).is_some()
+    }
+}
+
+impl fmt::Display for Swarm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for fam in Family::ALL {
+            if let Some(i) = self.get(fam) {
+                if !first {
+                    f.write_str(", ")?;
+                }
+                first = false;
+                write!(f, "{}={:.2}", fam.name(), i)?;
+            }
+        }
+        if first {
+            f.write_str("(none)")?;
+        }
+        Ok(())
+    }
+}
+
+/// A process, as faults name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Proc {
+    /// The mill.
+    Mill,
+    /// Executor `i`.
+    Exec(usize),
+}
+
+impl fmt::Display for Proc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Proc::Mill => f.write_str("mill"),
+            Proc::Exec(i) => write!(f, "x{i}"),
+        }
+    }
+}
+
+/// One fault of the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// Cut every link between `side` and the other processes (both ways, or only from
+    /// `side` outwards when `one_way`) until `until`.
+    Partition {
+        /// The executors cut off together (the mill is always on the other side).
+        side: Vec<usize>,
+        /// Only messages from `side` are held.
+        one_way: bool,
+        /// When it heals.
+        until: Micros,
+    },
+    /// Hold the messages of one direction of one executor's link until `until`.
+    Clog {
+        /// The executor.
+        exec: usize,
+        /// True: executor → mill; false: mill → executor.
+        to_mill: bool,
+        /// When it clears.
+        until: Micros,
+    },
+    /// Add `extra` to every latency until `until`.
+    Spike {
+        /// Added latency.
+        extra: Micros,
+        /// When it ends.
+        until: Micros,
+    },
+    /// Reset the executor's connections.
+    Reset {
+        /// The executor.
+        exec: usize,
+    },
+    /// Crash an executor at its next output boundary; it restarts after `down`.
+    CrashExec {
+        /// The executor.
+        exec: usize,
+        /// Its store is wiped: it comes back with a new epoch.
+        wipe: bool,
+        /// How long it stays down.
+        down: Micros,
+        /// The host dies with it (no FIN reaches the peer).
+        silent: bool,
+    },
+    /// Crash the mill at its next output boundary; it restarts from its store after `down`.
+    CrashMill {
+        /// How long it stays down.
+        down: Micros,
+        /// The host dies with it (no FIN reaches the peers).
+        silent: bool,
+    },
+}
+
+fn secs(m: Micros) -> String {
+    format!("{}.{:03}s", m / SEC, (m % SEC) / MS)
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Partition {
+                side,
+                one_way,
+                until,
+            } => write!(
+                f,
+                "partition {:?}{} until {}",
+                side,
+                if *one_way { " (one-way, outbound)" } else { "" },
+                secs(*until)
+            ),
+            Fault::Clog {
+                exec,
+                to_mill,
+                until,
+            } => write!(
+                f,
+                "clog x{exec} {} until {}",
+                if *to_mill { "->mill" } else { "<-mill" },
+                secs(*until)
+            ),
+            Fault::Spike { extra, until } => {
+                write!(f, "latency +{} until {}", secs(*extra), secs(*until))
+            }
+            Fault::Reset { exec } => write!(f, "reset x{exec}"),
+            Fault::CrashExec {
+                exec,
+                wipe,
+                down,
+                silent,
+            } => write!(
+                f,
+                "crash x{exec}{}{} for {}",
+                if *wipe { " (wipe store)" } else { "" },
+                if *silent { " (host)" } else { "" },
+                secs(*down)
+            ),
+            Fault::CrashMill { down, silent } => write!(
+                f,
+                "crash mill{} for {}",
+                if *silent { " (host)" } else { "" },
+                secs(*down)
+            ),
+        }
+    }
+}
+
+/// The fault plan: when each fault starts. Ends are part of each fault.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultPlan {
+    /// In time order.
+    pub faults: Vec<(Micros, Fault)>,
+}
+
+impl FaultPlan {
+    /// Draws the plan for `swarm` over `[0, window)` for `executors` executors.
+    pub fn draw(swarm: &Swarm, window: Micros, executors: usize, rng: &mut Rng) -> FaultPlan {
+        let mut faults = Vec::new();
+        let win_s = window as f64 / SEC as f64;
+        // Expected count: intensity × window / mean gap.
+        let count = |rng: &mut Rng, intensity: f64, mean_gap_s: f64| -> usize {
+            let expected = intensity * win_s / mean_gap_s;
+            let base = expected.floor() as usize;
+            base + usize::from(rng.chance(expected - expected.floor()))
+        };
+        let at = |rng: &mut Rng| rng.range(SEC, window.saturating_sub(SEC).max(SEC));
+        let clamp = |t: Micros| t.min(window);
+        if let Some(i) = swarm.get(Family::Partition) {
+            for _ in 0..count(rng, i, 50.0) {
+                let start = at(rng);
+                let len = if rng.chance(0.3) {
+                    rng.range(40 * SEC, 90 * SEC)
+                } else {
+                    rng.range(500 * MS, 20 * SEC)
+                };
+                let side = partition_side(rng, executors);
+                faults.push((
+                    start,
+                    Fault::Partition {
+                        side,
+                        one_way: false,
+                        until: clamp(start + len),
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::OneWay) {
+            for _ in 0..count(rng, i, 50.0) {
+                let start = at(rng);
+                let len = rng.range(500 * MS, 50 * SEC);
+                let fault = if rng.chance(0.4) {
+                    Fault::Partition {
+                        side: partition_side(rng, executors),
+                        one_way: true,
+                        until: clamp(start + len),
+                    }
+                } else {
+                    Fault::Clog {
+                        exec: rng.index(executors),
+                        to_mill: rng.chance(0.5),
+                        until: clamp(start + len),
+                    }
+                };
+                faults.push((start, fault));
+            }
+        }
+        if let Some(i) = swarm.get(Family::Spike) {
+            for _ in 0..count(rng, i, 40.0) {
+                let start = at(rng);
+                let len = rng.range(SEC, 20 * SEC);
+                let extra = rng.range(20 * MS, 3 * SEC);
+                faults.push((
+                    start,
+                    Fault::Spike {
+                        extra,
+                        until: clamp(start + len),
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::Reset) {
+            for _ in 0..count(rng, i, 15.0) {
+                let start = at(rng);
+                faults.push((
+                    start,
+                    Fault::Reset {
+                        exec: rng.index(executors),
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::ExecCrash) {
+            for _ in 0..count(rng, i, 60.0) {
+                let start = at(rng);
+                let down = if rng.chance(0.25) {
+                    rng.range(45 * SEC, 80 * SEC)
+                } else {
+                    rng.range(100 * MS, 20 * SEC)
+                };
+                faults.push((
+                    start,
+                    Fault::CrashExec {
+                        exec: rng.index(executors),
+                        wipe: false,
+                        down,
+                        silent: rng.chance(0.4),
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::DiskWipe) {
+            for _ in 0..count(rng, i, 120.0).max(1) {
+                let start = at(rng);
+                faults.push((
+                    start,
+                    Fault::CrashExec {
+                        exec: rng.index(executors),
+                        wipe: true,
+                        down: rng.range(100 * MS, 30 * SEC),
+                        silent: rng.chance(0.4),
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::MillCrash) {
+            for _ in 0..count(rng, i, 90.0).max(1) {
+                let start = at(rng);
+                faults.push((
+                    start,
+                    Fault::CrashMill {
+                        down: rng.range(50 * MS, 30 * SEC),
+                        silent: rng.chance(0.4),
+                    },
+                ));
+            }
+        }
+        faults.sort_by_key(|(t, _)| *t);
+        FaultPlan { faults }
+    }
+}
+
+/// A random non-empty proper subset of the executors (the mill stays on the other side).
+fn partition_side(rng: &mut Rng, executors: usize) -> Vec<usize> {
+    let k = rng.range(1, executors.max(1) as u64) as usize;
+    let mut all: Vec<usize> = (0..executors).collect();
+    let mut side = Vec::with_capacity(k);
+    for _ in 0..k.min(executors) {
+        let i = rng.index(all.len());
+        side.push(all.swap_remove(i));
+    }
+    side.sort_unstable();
+    side
+}
+
+/// The swarm and fault plan of one seed.
+#[derive(Debug, Clone)]
+pub struct SeedPlan {
+    /// The seed.
+    pub seed: u64,
+    /// Families on.
+    pub swarm: Swarm,
+    /// Faults.
+    pub faults: FaultPlan,
+}
+
+impl SeedPlan {
+    /// Derives both from the seed.
+    pub fn new(scenario: &Scenario, seed: u64) -> SeedPlan {
+        let mut swarm_rng = Rng::new(seed, Purpose::Swarm);
+        let swarm = Swarm::draw(scenario, &mut swarm_rng);
+        let mut fault_rng = Rng::new(seed, Purpose::Faults);
+        let faults = FaultPlan::draw(
+            &swarm,
+            scenario.fault_window,
+            scenario.executors,
+            &mut fault_rng,
+        );
+        SeedPlan {
+            seed,
+            swarm,
+            faults,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_has_a_valid_mill_config_and_unique_name() {
+        let all = scenarios();
+        for s in &all {
+            assert!(s.mill_config().validate().is_ok(), "{}", s.name);
+            assert_eq!(all.iter().filter(|o| o.name == s.name).count(), 1);
+        }
+    }
+
+    #[test]
+    fn swarm_leaves_at_least_one_family_off() {
+        let s = scenario("smoke").unwrap();
+        for seed in 0..200 {
+            let plan = SeedPlan::new(&s, seed);
+            assert!(Family::ALL.iter().any(|f| !plan.swarm.has(*f)));
+        }
+    }
+
+    #[test]
+    fn plans_are_a_function_of_the_seed() {
+        let s = scenario("fleet-5x1000").unwrap();
+        let a = SeedPlan::new(&s, 42);
+        let b = SeedPlan::new(&s, 42);
+        assert_eq!(a.swarm, b.swarm);
+        assert_eq!(a.faults, b.faults);
+    }
+}

@@ -1,0 +1,144 @@
+//! The simulated world: the processes (one mill, N executors), their durable stores, their
+//! engines, the network and the workload's bookkeeping. This is the state that checkers
+//! read; `driver` changes it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use millrace_core::executor::{Executor, ExecutorConfig, ExecutorSnapshot};
+use millrace_core::mill::{Mill, MillConfig, MillSnapshot};
+use millrace_core::{ConnId, JobId, LeaseId, NodeId};
+
+use crate::byzantine::Byzantine;
+use crate::net::Net;
+use crate::scenario::{Micros, Scenario, SeedPlan};
+use crate::workload::{ExecSpec, Workload};
+
+/// A crash waiting for the process's next output boundary.
+#[derive(Debug, Clone, Copy)]
+pub struct CrashPlan {
+    /// The store is wiped (executors only).
+    pub wipe: bool,
+    /// How long the process stays down.
+    pub down: Micros,
+    /// The host dies too: no FIN reaches the peers.
+    pub silent: bool,
+}
+
+/// A job the engine of an executor runs.
+#[derive(Debug, Clone)]
+pub struct EngineJob {
+    /// The job.
+    pub job: JobId,
+    /// `JobStarted` was reported.
+    pub started: bool,
+    /// `StopJob` came; the exit is scheduled.
+    pub stopping: bool,
+}
+
+/// One executor process and everything around it.
+#[derive(Debug)]
+pub struct ExecProc {
+    /// Its shape.
+    pub spec: ExecSpec,
+    /// Its node id.
+    pub node: NodeId,
+    /// Its config.
+    pub cfg: ExecutorConfig,
+    /// The process, when up.
+    pub exec: Option<Executor>,
+    /// The durable store: exactly what its `Persist` outputs wrote.
+    pub store: ExecutorSnapshot,
+    /// Bumped at every crash, so stale engine reports are dropped.
+    pub inc: u32,
+    /// The earliest tick event scheduled.
+    pub tick_at: Option<Micros>,
+    /// A crash armed for the next step.
+    pub crash: Option<CrashPlan>,
+    /// The misbehaviour filter, for a violator.
+    pub byz: Option<Byzantine>,
+    /// The connection a `Connect` is waiting on.
+    pub connecting: Option<ConnId>,
+    /// The engine's jobs, by lease.
+    pub engine: BTreeMap<LeaseId, EngineJob>,
+    /// When it is due back up, while down.
+    pub restart_at: Option<Micros>,
+}
+
+impl ExecProc {
+    /// True for an executor that follows the protocol.
+    pub fn honest(&self) -> bool {
+        self.spec.byzantine.is_none()
+    }
+}
+
+/// What the simulator knows of a lease from the mill's `ReserveSeat`.
+#[derive(Debug, Clone)]
+pub struct LeaseInfo {
+    /// The job.
+    pub job: JobId,
+    /// The executor asked.
+    pub exec: usize,
+    /// The job's engine.
+    pub engine: String,
+}
+
+/// Everything simulated.
+#[derive(Debug)]
+pub struct World {
+    /// Simulated time now.
+    pub now: Micros,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Swarm and fault plan.
+    pub plan: SeedPlan,
+    /// Fleet and workload.
+    pub workload: Workload,
+    /// The mill's settings.
+    pub mill_cfg: MillConfig,
+    /// The mill, when up.
+    pub mill: Option<Mill>,
+    /// The mill's durable store.
+    pub mill_store: MillSnapshot,
+    /// Bumped at every mill crash.
+    pub mill_inc: u32,
+    /// The earliest mill tick scheduled.
+    pub mill_tick_at: Option<Micros>,
+    /// A mill crash armed for its next step.
+    pub mill_crash: Option<CrashPlan>,
+    /// The mill's host is down (connects time out instead of being refused).
+    pub mill_host_down: bool,
+    /// When the mill is due back up, while down.
+    pub mill_restart_at: Option<Micros>,
+    /// Executors.
+    pub execs: Vec<ExecProc>,
+    /// The network.
+    pub net: Net,
+    /// When faults stop.
+    pub heal_at: Micros,
+    /// Faults stopped; everything came back.
+    pub healed: bool,
+    /// Arrival index → the job it became, once accepted.
+    pub job_of_arrival: Vec<Option<JobId>>,
+    /// Arrivals handled (accepted, refused, or given up).
+    pub arrivals_done: usize,
+    /// Leases asked by the mill, from its `ReserveSeat`s (M30 bookkeeping).
+    pub leases: HashMap<LeaseId, LeaseInfo>,
+    /// The latest ask sent to each executor.
+    pub last_ask: Vec<Option<LeaseId>>,
+    /// Node id → executor index.
+    pub index: BTreeMap<NodeId, usize>,
+    /// The last snapshot delivered to the mill from each executor: (connection, time).
+    pub snapshot_delivered: Vec<Option<(ConnId, Micros)>>,
+}
+
+impl World {
+    /// The executor index of `node`.
+    pub fn exec_of(&self, node: &NodeId) -> Option<usize> {
+        self.index.get(node).copied()
+    }
+
+    /// The executor at the other end of `conn`.
+    pub fn exec_of_conn(&self, conn: ConnId) -> Option<usize> {
+        self.net.conns.get(&conn).map(|c| c.exec)
+    }
+}
