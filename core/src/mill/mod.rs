@@ -614,7 +614,7 @@ impl Mill {
         };
         self.queue.remove(&job);
         if let Phase::Bidding(round) = j.phase {
-            self.abandon_round(job, round);
+            self.abandon_round(round);
         }
         // A quota wait or a hold granted for a re-bid is volatile; a published lease's hold
         // is released by `end_lease`.

@@ -163,6 +163,8 @@ struct Ask {
 /// A bid in progress for one job (M12).
 #[derive(Debug)]
 pub(super) struct BidRound {
+    /// The job's engine: the seats its asks hold are of it, even after the job is gone.
+    engine: String,
     candidates: Vec<NodeId>,
     next: usize,
     asks: BTreeMap<LeaseId, Ask>,
@@ -276,6 +278,7 @@ impl Mill {
             }
             self.queue.remove(&job);
             let round = BidRound {
+                engine: j.spec.engine.clone(),
                 candidates: std::mem::take(&mut candidates),
                 next: 0,
                 asks: BTreeMap::new(),
@@ -346,7 +349,7 @@ impl Mill {
     fn put_round(&mut self, job: JobId, round: BidRound) {
         match self.jobs.get_mut(&job) {
             Some(j) => j.phase = Phase::Bidding(round),
-            None => self.abandon_round(job, round),
+            None => self.abandon_round(round),
         }
     }
 
@@ -388,26 +391,24 @@ impl Mill {
 
     /// The bid's round is over for this ask: release an acceptance at once, or remember an
     /// ask still in flight so its acceptance is released when it comes (M12).
-    fn drop_ask(&mut self, job: JobId, lease: LeaseId, ask: Ask) {
+    fn drop_ask(&mut self, engine: &str, lease: LeaseId, ask: Ask) {
         self.asks.remove(&lease);
-        let engine = self.engine_of(job);
         match ask.accepted {
             Some(_) => {
                 self.release_remote(&ask.node, lease);
-                self.seat_released(&ask.node, engine.as_deref());
+                self.seat_released(&ask.node, Some(engine));
             }
             None => {
-                let engine = engine.unwrap_or_default();
-                self.strays.insert(lease, (ask.node, engine));
+                self.strays.insert(lease, (ask.node, engine.to_string()));
                 self.arm(ask.deadline, Timer::Stray(lease));
             }
         }
     }
 
     /// The job ended while bidding: let every ask go.
-    pub(super) fn abandon_round(&mut self, job: JobId, round: BidRound) {
+    pub(super) fn abandon_round(&mut self, round: BidRound) {
         for (lease, ask) in round.asks {
-            self.drop_ask(job, lease, ask);
+            self.drop_ask(&round.engine, lease, ask);
         }
     }
 
@@ -552,7 +553,7 @@ impl Mill {
         };
         self.asks.remove(&winner);
         for (lease, ask) in std::mem::take(&mut round.asks) {
-            self.drop_ask(job, lease, ask);
+            self.drop_ask(&round.engine, lease, ask);
         }
         let charge = win.accepted.unwrap_or_default();
         self.admit(job, winner, win.node, charge);

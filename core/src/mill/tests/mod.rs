@@ -5,6 +5,7 @@ mod cancel;
 mod events;
 mod placement;
 mod restart;
+mod review;
 mod sessions;
 
 use std::collections::{BTreeMap, BTreeSet};
