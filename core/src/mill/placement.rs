@@ -680,16 +680,17 @@ impl Mill {
 
     /// Sends `CommitLease` if the lease's node is ready; otherwise the commit waits (M17).
     pub(super) fn send_commit(&mut self, lease: LeaseId) {
-        let Some(l) = self.leases.get(&lease) else {
+        let Some(l) = self.leases.get_mut(&lease) else {
             return;
         };
-        let Some(s) = self.sessions.get(&l.node) else {
-            return;
-        };
-        if !(s.ready() && s.epoch == l.epoch) {
-            return;
-        }
-        let Some(conn) = s.conn else {
+        let conn = self
+            .sessions
+            .get(&l.node)
+            .filter(|s| s.ready() && s.epoch == l.epoch)
+            .and_then(|s| s.conn);
+        let Some(conn) = conn else {
+            // Not now: no commit is out, so `maybe_ready` sends it once the node is ready.
+            l.commit_sent = None;
             return;
         };
         let due = self.now.plus(self.config.bid_timeout);

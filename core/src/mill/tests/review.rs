@@ -33,3 +33,27 @@ fn m12_a_job_ended_while_bidding_gives_back_every_seat_it_asked_for() {
     assert_eq!(h.asks(a).len(), 1, "a's seats leaked: {:?}", h.out);
     assert_eq!(h.asks(b).len(), 1, "b's seats leaked: {:?}", h.out);
 }
+
+#[test]
+fn m17_commit_is_resent_after_a_pending_cancel_briefly_made_the_node_busy() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (first, l1) = h.run_on(a, spec());
+    h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![l2]);
+    // The commit goes unanswered; meanwhile a cancel makes the node take no new work (M27)
+    // just when the commit is due again.
+    cancel(&mut h, first);
+    assert_eq!(h.cancels(a), vec![l1]);
+    h.keep_alive(a, 6 * SEC, &[l1, l2]);
+    h.msg(a, ToMill::CancelAck { lease: l1 });
+    let mut resent = h.commits(a);
+    h.keep_alive(a, 20 * SEC, &[l1, l2]);
+    resent.extend(h.commits(a));
+    assert!(
+        resent.contains(&l2),
+        "the commit of {l2} was never sent again"
+    );
+}
