@@ -75,7 +75,6 @@ pub struct ByzCtx {
 pub struct Byzantine {
     kind: ByzKind,
     conn: Option<ConnId>,
-    violated: bool,
     fallback_at: Micros,
     snapshots: u32,
     /// The epoch of the last Hello.
@@ -101,7 +100,6 @@ impl Byzantine {
         Byzantine {
             kind,
             conn: None,
-            violated: false,
             fallback_at: Micros::MAX,
             snapshots: 0,
             epoch: None,
@@ -120,7 +118,6 @@ impl Byzantine {
     pub fn incoming(&mut self, now: Micros, conn: ConnId, msg: &ToExecutor, rng: &mut Rng) {
         if let ToExecutor::Welcome { .. } = msg {
             self.conn = Some(conn);
-            self.violated = false;
             self.snapshots = 0;
             self.fallback_at = now + rng.range(2 * SEC, 9 * SEC);
         }
@@ -145,21 +142,22 @@ impl Byzantine {
                 *e = (*e).max(last.seqno);
             }
         }
-        if !in_session || self.violated {
+        if !in_session {
             return vec![self.rewrite_foreign(msg, ctx)];
         }
+        // Every chance in the session is taken: the mill may not count one (an answer to an
+        // ask that is already over is ignored, M12), so one is not enough.
         let mut out = match self.try_violate(msg, ctx, rng) {
             Ok(v) => {
-                self.violated = true;
                 self.committed += 1;
                 v
             }
             Err(m) => vec![self.rewrite_foreign(m, ctx)],
         };
-        if !self.violated && now >= self.fallback_at {
+        if now >= self.fallback_at {
             if let Some(injected) = self.fallback(ctx) {
-                self.violated = true;
                 self.committed += 1;
+                self.fallback_at = now + rng.range(3 * SEC, 9 * SEC);
                 out.push(injected);
             }
         }

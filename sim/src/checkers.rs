@@ -352,7 +352,11 @@ impl Checker {
             }
         }
         let error = t.error.as_deref().unwrap_or("");
-        let lost = error.starts_with("executor lost") || error == "executor no longer has the job";
+        // The mill's own verdicts (M5, M8); "executor lost contact with the mill" is the
+        // executor's self-fencing terminal (E12), an engine-side result.
+        let lost = error == "executor lost"
+            || error.starts_with("executor lost (")
+            || error == "executor no longer has the job";
         if !lost || !w.execs[exec].honest() {
             return Ok(());
         }
@@ -837,12 +841,16 @@ impl Checker {
             self.starving_since.clear();
             return Ok(());
         };
+        // Idle: nothing reserved or running there, and no lease the mill still holds for it
+        // (a lease of an older epoch keeps its seat until grace expires, M5).
+        let busy: BTreeSet<&NodeId> = mill.leases().map(|(_, _, node, ..)| node).collect();
         let idle: Vec<usize> = w
             .execs
             .iter()
             .enumerate()
             .filter(|(_, p)| {
                 p.honest()
+                    && !busy.contains(&p.node)
                     && !self.quarantined.contains(&p.node)
                     && p.exec.as_ref().is_some_and(|x| {
                         x.is_ready()

@@ -11,7 +11,8 @@ use std::time::Duration;
 use millrace_core::codec;
 use millrace_core::executor::{Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot};
 use millrace_core::job::{LogRef, TerminalStatus};
-use millrace_core::mill::{Mill, MillInput, MillOutput, Observation, Reply, RequestError};
+use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError};
+use millrace_core::JobState;
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 
@@ -542,6 +543,22 @@ impl Sim {
             MillOutput::Persist(batch) => {
                 self.step_wrote = true;
                 self.w.mill_store.apply(&batch);
+                for write in &batch.writes {
+                    if let MillWrite::JobState {
+                        state: JobState::Done(t),
+                        ..
+                    } = write
+                    {
+                        let error = t.error.as_deref().unwrap_or("");
+                        if t.status == TerminalStatus::Timeout {
+                            self.cov.hit(Path::JobTimeout);
+                        } else if error.starts_with("no compatible executor") {
+                            self.cov.hit(Path::NoCompatibleExecutor);
+                        } else if error.starts_with("quota denied") {
+                            self.cov.hit(Path::QuotaDenied);
+                        }
+                    }
+                }
                 let r = self.c.mill_persist(&self.w, &batch, ctx);
                 self.check(r);
                 if !self.restart_results.is_empty() {
@@ -783,6 +800,30 @@ impl Sim {
                     byz_ctx(&self.w, i)
                 } else {
                     ByzCtx::default()
+                };
+                // An executor may charge more than the job asks for (M14): this one names
+                // one more resource, so a re-bid elsewhere can change the charge (M15).
+                let msg = match (&self.w.execs[i].spec.extra_charge, msg) {
+                    (
+                        Some((name, amount)),
+                        ToMill::ReserveResult {
+                            lease,
+                            accepted: true,
+                            reject,
+                            reason,
+                            mut resources,
+                        },
+                    ) => {
+                        resources.insert(name.clone(), *amount);
+                        ToMill::ReserveResult {
+                            lease,
+                            accepted: true,
+                            reject,
+                            reason,
+                            resources,
+                        }
+                    }
+                    (_, msg) => msg,
                 };
                 let msgs = match self.w.execs[i].byz.as_mut() {
                     Some(b) => b.outgoing(now, conn, msg, &ctx, &mut self.byz),
