@@ -395,6 +395,19 @@ impl Mill {
             return;
         }
         let recovered = s.ready();
+        if !recovered && s.conn.is_some() && s.reconciled {
+            // Back and reconciled, only its cancel acks are due: wait for them (M6: never
+            // shorten), but no longer. A missed ack closes the session (M26) and this
+            // deadline, then reached, fails the node's leases.
+            let acks_due = s.pending_cancels.values().max().copied();
+            if let Some(due) = acks_due.filter(|due| *due > fired) {
+                if let Some(s) = self.sessions.get_mut(&node) {
+                    s.grace = Some(due);
+                }
+                self.arm(due, Timer::Grace(node));
+                return;
+            }
+        }
         let epoch = s.epoch;
         let leases: Vec<LeaseId> = self
             .node_leases

@@ -57,3 +57,51 @@ fn m17_commit_is_resent_after_a_pending_cancel_briefly_made_the_node_busy() {
         "the commit of {l2} was never sent again"
     );
 }
+
+#[test]
+fn m5_i3_grace_expiring_while_a_cancel_ack_is_in_flight_does_not_fail_reported_leases() {
+    // After a mill restart the node comes back just before grace ends, reports its running
+    // lease and one the restart dropped (reserved, commit out); the mill cancels the latter.
+    // Grace must not fail the reported lease while that ack is on its way.
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, l1) = h.run_on(a, spec());
+    h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    h.restart();
+    h.advance(44 * SEC);
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[l1, l2]);
+    assert_eq!(h.cancels(a2), vec![l2]);
+    h.advance(2 * SEC);
+    assert!(
+        h.terminal_of(job).is_none(),
+        "a reported lease failed at grace expiry: {:?}",
+        h.terminal_of(job)
+    );
+    h.msg(a2, ToMill::CancelAck { lease: l2 });
+    h.events(a2, 1, vec![(1, l1, terminal(TerminalStatus::Success))]);
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Success);
+}
+
+#[test]
+fn m5_a_cancel_never_acked_after_grace_still_fails_the_nodes_leases() {
+    // The other side of the test above: grace is only stretched to the ack deadline.
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, l1) = h.run_on(a, spec());
+    h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    h.restart();
+    h.advance(44 * SEC);
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[l1, l2]);
+    h.keep_alive(a2, 15 * SEC, &[l1, l2]);
+    assert!(h.closed(a2).is_some());
+    assert_eq!(
+        h.terminal_of(job).unwrap().error.as_deref(),
+        Some("executor lost")
+    );
+}
