@@ -112,10 +112,20 @@ pub struct MillTuning {
     #[arg(long, env = "MILLRACE_BID_TIMEOUT", default_value = "5s", value_parser = dur, help_heading = "Advanced")]
     pub bid_timeout: Duration,
     /// Executors asked in parallel per placement (M12).
-    #[arg(long, env = "MILLRACE_TOP_K", default_value_t = 3, help_heading = "Advanced")]
+    #[arg(
+        long,
+        env = "MILLRACE_TOP_K",
+        default_value_t = 3,
+        help_heading = "Advanced"
+    )]
     pub top_k: usize,
     /// Most jobs waiting for placement; beyond it submits get 503 (M10).
-    #[arg(long, env = "MILLRACE_MAX_PENDING", default_value_t = 10_000, help_heading = "Advanced")]
+    #[arg(
+        long,
+        env = "MILLRACE_MAX_PENDING",
+        default_value_t = 10_000,
+        help_heading = "Advanced"
+    )]
     pub max_pending: usize,
     /// How long an executor has to ack a cancel (M26).
     #[arg(long, env = "MILLRACE_CANCEL_ACK_TIMEOUT", default_value = "10s", value_parser = dur, help_heading = "Advanced")]
@@ -127,10 +137,20 @@ pub struct MillTuning {
     #[arg(long, env = "MILLRACE_JOB_TIMEOUT", default_value = "24h", value_parser = dur, help_heading = "Advanced")]
     pub job_timeout: Duration,
     /// Violation closures in a row that quarantine an executor (M28).
-    #[arg(long, env = "MILLRACE_QUARANTINE_STRIKES", default_value_t = 3, help_heading = "Advanced")]
+    #[arg(
+        long,
+        env = "MILLRACE_QUARANTINE_STRIKES",
+        default_value_t = 3,
+        help_heading = "Advanced"
+    )]
     pub quarantine_strikes: u32,
     /// Most executor sessions at once.
-    #[arg(long, env = "MILLRACE_MAX_SESSIONS", default_value_t = 10_000, help_heading = "Advanced")]
+    #[arg(
+        long,
+        env = "MILLRACE_MAX_SESSIONS",
+        default_value_t = 10_000,
+        help_heading = "Advanced"
+    )]
     pub max_sessions: usize,
 }
 
@@ -161,7 +181,11 @@ pub struct MillArgs {
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
     /// Where executors connect.
-    #[arg(long, env = "MILLRACE_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
+    #[arg(
+        long,
+        env = "MILLRACE_EXECUTOR_LISTEN",
+        default_value = "127.0.0.1:7071"
+    )]
     pub executor_listen: String,
     /// Where the HTTP API listens.
     #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
@@ -216,7 +240,11 @@ pub struct StandaloneArgs {
     #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
     pub http_listen: String,
     /// Where executors connect (the local one, and any others).
-    #[arg(long, env = "MILLRACE_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
+    #[arg(
+        long,
+        env = "MILLRACE_EXECUTOR_LISTEN",
+        default_value = "127.0.0.1:7071"
+    )]
     pub executor_listen: String,
     /// The local executor's name.
     #[arg(long, env = "MILLRACE_NODE_ID", default_value = "local")]

@@ -137,7 +137,10 @@ impl Client {
 }
 
 fn fail(status: u16, v: &Value) -> ClientError {
-    let msg = v.get("error").and_then(Value::as_str).unwrap_or("request failed");
+    let msg = v
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("request failed");
     match v.get("field").and_then(Value::as_str) {
         Some(f) => ClientError(format!("HTTP {status}: {msg} (field {f})")),
         None => ClientError(format!("HTTP {status}: {msg}")),
@@ -218,7 +221,10 @@ pub fn status(args: &JobArgs) -> Result<(), ClientError> {
 /// `millrace cancel`.
 pub fn cancel(args: &JobArgs) -> Result<(), ClientError> {
     let c = Client::new(&args.client)?;
-    let (status, v) = c.post(&format!("/v1/jobs/{}/cancel", job_id(&args.job)), &json!({}))?;
+    let (status, v) = c.post(
+        &format!("/v1/jobs/{}/cancel", job_id(&args.job)),
+        &json!({}),
+    )?;
     if status != 202 {
         return Err(fail(status, &v));
     }
@@ -238,7 +244,12 @@ pub fn jobs(args: &JobsArgs) -> Result<(), ClientError> {
         return Err(fail(status, &v));
     }
     println!("{:>8}  {:<10} {:<16} COMMAND", "ID", "STATE", "NODE");
-    for j in v.get("jobs").and_then(Value::as_array).into_iter().flatten() {
+    for j in v
+        .get("jobs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
         let cmd: String = s("command").chars().take(60).collect();
         println!(
@@ -259,8 +270,16 @@ pub fn nodes(args: &ClientArgs) -> Result<(), ClientError> {
     if status != 200 {
         return Err(fail(status, &v));
     }
-    println!("{:<24} {:<12} {:>7} {:>8}", "NODE", "STATE", "LEASES", "RUNNING");
-    for n in v.get("nodes").and_then(Value::as_array).into_iter().flatten() {
+    println!(
+        "{:<24} {:<12} {:>7} {:>8}",
+        "NODE", "STATE", "LEASES", "RUNNING"
+    );
+    for n in v
+        .get("nodes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         println!(
             "{:<24} {:<12} {:>7} {:>8}",
             n.get("node").and_then(Value::as_str).unwrap_or("-"),

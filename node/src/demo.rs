@@ -129,7 +129,10 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
     bar.finish();
     let took = started.elapsed();
     let stats = mill.handle.stats().await.unwrap_or_default();
-    let ok = ends.values().filter(|s| **s == TerminalStatus::Success).count();
+    let ok = ends
+        .values()
+        .filter(|s| **s == TerminalStatus::Success)
+        .count();
     let failed = ends.len() - ok;
     let missing = wanted.len() - ends.len();
     println!();

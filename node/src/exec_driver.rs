@@ -112,7 +112,10 @@ impl Driver {
         loop {
             if drain_deadline.is_none() && *shutdown.borrow() {
                 let timeout = self.parts.drain_timeout;
-                tracing::info!(?timeout, "draining: no new seats; waiting for running jobs and the outbox");
+                tracing::info!(
+                    ?timeout,
+                    "draining: no new seats; waiting for running jobs and the outbox"
+                );
                 drain_deadline = Some(Instant::now() + timeout);
                 let now = self.parts.clock.now();
                 self.parts.executor.handle(now, ExecutorInput::Drain);
@@ -166,7 +169,12 @@ impl Driver {
                 }
             }
             let now = self.parts.clock.now();
-            if self.parts.executor.next_deadline().is_some_and(|d| d <= now) {
+            if self
+                .parts
+                .executor
+                .next_deadline()
+                .is_some_and(|d| d <= now)
+            {
                 self.parts.executor.handle(now, ExecutorInput::Tick);
                 self.drain_outputs();
             }
@@ -288,7 +296,11 @@ impl Driver {
             };
             tracing::info!(mill = %addr, %conn, "connected to the mill");
             let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
-            if tx.send(ExecCmd::Connected { conn, tx: out_tx }).await.is_err() {
+            if tx
+                .send(ExecCmd::Connected { conn, tx: out_tx })
+                .await
+                .is_err()
+            {
                 return;
             }
             let deliver_tx = tx.clone();

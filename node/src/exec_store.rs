@@ -114,8 +114,7 @@ impl ExecStore {
                 .map_err(|e| self.corrupt(format!("job of lease {lease}: {e}")))?;
             snap.jobs.insert(LeaseId(to_u64(lease)), job);
         }
-        snap.validate()
-            .map_err(|e| self.corrupt(e.to_string()))?;
+        snap.validate().map_err(|e| self.corrupt(e.to_string()))?;
         Ok(snap)
     }
 

@@ -266,9 +266,10 @@ async fn submit(State(api): State<Api>, body: Bytes) -> Result<Response, ApiErro
             e.to_string(),
             spec_field(&e),
         )),
-        Err(HandleError::Refused(e @ RequestError::TooManyPending { .. })) => {
-            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
-        }
+        Err(HandleError::Refused(e @ RequestError::TooManyPending { .. })) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            e.to_string(),
+        )),
         Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
         Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
     }
@@ -377,7 +378,14 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
 }
 
 const STATES: [&str; 9] = [
-    "queued", "reserved", "running", "success", "failed", "timeout", "cancelled", "active",
+    "queued",
+    "reserved",
+    "running",
+    "success",
+    "failed",
+    "timeout",
+    "cancelled",
+    "active",
     "done",
 ];
 
@@ -442,7 +450,10 @@ async fn cancel(
     };
     let reason = reason.unwrap_or_else(|| "cancelled through the API".into());
     match api.mill.cancel(job, reason).await {
-        Ok(()) => Ok((StatusCode::ACCEPTED, Json(json!({"id": job.get(), "cancelling": true})))
+        Ok(()) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"id": job.get(), "cancelling": true})),
+        )
             .into_response()),
         Err(HandleError::Refused(RequestError::JobNotActive { .. })) => {
             let row = read(&api, move |r| r.job(job)).await?;
@@ -477,7 +488,10 @@ async fn lift(State(api): State<Api>, Path(id): Path<String>) -> Result<Response
 async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
     let text = api.mill.metrics().await.ok_or_else(ApiError::unavailable)?;
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response())
@@ -505,11 +519,7 @@ async fn log(
     let sub = api.events.subscribe();
     tokio::spawn(follow_log(api, job, follow, sub, tx));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        body,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
 /// How long a follower trusts the store's "done" before the log writer's marker appears.

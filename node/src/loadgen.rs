@@ -165,7 +165,10 @@ pub async fn loadgen(args: LoadgenArgs) -> Result<(), String> {
             }
         }));
     }
-    eprintln!("{} fake executors started for {:?}", args.executors, args.duration);
+    eprintln!(
+        "{} fake executors started for {:?}",
+        args.executors, args.duration
+    );
     tokio::select! {
         () = tokio::time::sleep(args.duration) => {}
         () = node::signalled() => {}
@@ -213,8 +216,15 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         let (token, stop) = (token.clone(), stop.clone());
         let seats = args.seats;
         tokio::spawn(async move {
-            let r = fake_executor(addr, format!("bench-{i}"), token, seats, Duration::from_secs(1), stop)
-                .await;
+            let r = fake_executor(
+                addr,
+                format!("bench-{i}"),
+                token,
+                seats,
+                Duration::from_secs(1),
+                stop,
+            )
+            .await;
             if let Err(e) = r {
                 tracing::warn!(executor = i, error = %e, "fake executor ended");
             }
@@ -242,7 +252,9 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         loop {
             match sub.recv().await {
                 Ok(ev) => {
-                    if let JobEventKind::State(millrace_core::job::JobState::Running { .. }) = ev.kind {
+                    if let JobEventKind::State(millrace_core::job::JobState::Running { .. }) =
+                        ev.kind
+                    {
                         if let Ok(mut m) = sink.lock() {
                             m.insert(ev.job, ev.at);
                             if m.len() >= target {
@@ -313,14 +325,20 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let mut last = started;
     for (job, t0) in &sent {
         if let Some(t1) = map.get(job) {
-            let us = u64::try_from(t1.saturating_duration_since(*t0).as_micros()).unwrap_or(u64::MAX);
+            let us =
+                u64::try_from(t1.saturating_duration_since(*t0).as_micros()).unwrap_or(u64::MAX);
             let _ = h.record(us.clamp(1, 60_000_000));
             last = last.max(*t1);
         }
     }
     let span = last.saturating_duration_since(started).as_secs_f64();
     let stats = mill.handle.stats().await.unwrap_or_default();
-    println!("jobs submitted: {} in {:.2} s over HTTP ({} submitters)", sent.len(), submitted_in.as_secs_f64(), conc);
+    println!(
+        "jobs submitted: {} in {:.2} s over HTTP ({} submitters)",
+        sent.len(),
+        submitted_in.as_secs_f64(),
+        conc
+    );
     println!("jobs committed: {} (events lagged: {lagged})", h.len());
     println!(
         "submit -> committed: p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
@@ -329,7 +347,12 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         h.value_at_quantile(0.999) as f64 / 1000.0,
         h.max() as f64 / 1000.0
     );
-    println!("placements/s: {:.0} ({} placed in {:.2} s)", h.len() as f64 / span.max(1e-9), h.len(), span);
+    println!(
+        "placements/s: {:.0} ({} placed in {:.2} s)",
+        h.len() as f64 / span.max(1e-9),
+        h.len(),
+        span
+    );
     println!(
         "placement (queued -> published) p50 {:.2} ms p99 {:.2} ms p999 {:.2} ms; group commits {} (mean {:.2} ms, {:.1} jobs/commit)",
         stats.p50_us as f64 / 1000.0,

@@ -85,7 +85,10 @@ fn main() -> ExitCode {
 }
 
 fn serve(cmd: Cmd) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("millrace: cannot start the runtime: {e}");

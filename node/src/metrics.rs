@@ -127,7 +127,11 @@ impl MillMetrics {
     /// Prometheus text exposition of everything, with gauges read from `mill`.
     pub fn render(&self, mill: &Mill) -> String {
         let mut out = String::with_capacity(8192);
-        counter(&mut out, "millrace_placements_total", "Placement outcomes by result.");
+        counter(
+            &mut out,
+            "millrace_placements_total",
+            "Placement outcomes by result.",
+        );
         let _ = writeln!(
             out,
             "millrace_placements_total{{result=\"placed\"}} {}",
@@ -148,7 +152,11 @@ impl MillMetrics {
             "millrace_store_commit_seconds",
             "Time of one group commit (one SQLite transaction).",
         );
-        counter(&mut out, "millrace_store_batches_total", "Persist batches written.");
+        counter(
+            &mut out,
+            "millrace_store_batches_total",
+            "Persist batches written.",
+        );
         let _ = writeln!(out, "millrace_store_batches_total {}", self.batches);
 
         let (mut connected, mut grace) = (0u64, 0u64);
@@ -178,10 +186,18 @@ impl MillMetrics {
         gauge(&mut out, "millrace_leases", "Leases by state.");
         let _ = writeln!(out, "millrace_leases{{state=\"reserved\"}} {reserved}");
         let _ = writeln!(out, "millrace_leases{{state=\"running\"}} {running}");
-        gauge(&mut out, "millrace_jobs_pending", "Jobs waiting for placement.");
+        gauge(
+            &mut out,
+            "millrace_jobs_pending",
+            "Jobs waiting for placement.",
+        );
         let _ = writeln!(out, "millrace_jobs_pending {}", mill.pending());
 
-        counter(&mut out, "millrace_events_applied_total", "Executor events applied.");
+        counter(
+            &mut out,
+            "millrace_events_applied_total",
+            "Executor events applied.",
+        );
         let _ = writeln!(out, "millrace_events_applied_total {}", self.events_applied);
 
         counter(
@@ -199,7 +215,11 @@ impl MillMetrics {
 
         counter(&mut out, "millrace_jobs_submitted_total", "Jobs accepted.");
         let _ = writeln!(out, "millrace_jobs_submitted_total {}", self.submitted);
-        counter(&mut out, "millrace_jobs_finished_total", "Jobs ended, by status.");
+        counter(
+            &mut out,
+            "millrace_jobs_finished_total",
+            "Jobs ended, by status.",
+        );
         for status in [
             TerminalStatus::Success,
             TerminalStatus::Failed,
@@ -240,7 +260,11 @@ impl MillMetrics {
                 escape(&resource)
             );
         }
-        gauge(&mut out, "millrace_quota_waiting", "Jobs waiting for quota.");
+        gauge(
+            &mut out,
+            "millrace_quota_waiting",
+            "Jobs waiting for quota.",
+        );
         let _ = writeln!(out, "millrace_quota_waiting {}", mill.quota().waiting());
 
         counter(
@@ -248,7 +272,11 @@ impl MillMetrics {
             "millrace_live_log_dropped_total",
             "Live-log chunks dropped because the log writer was behind.",
         );
-        let _ = writeln!(out, "millrace_live_log_dropped_total {}", self.live_log_dropped);
+        let _ = writeln!(
+            out,
+            "millrace_live_log_dropped_total {}",
+            self.live_log_dropped
+        );
         counter(
             &mut out,
             "millrace_send_overflows_total",

@@ -216,7 +216,10 @@ enum Deferred {
         oneshot::Sender<Result<JobId, RequestError>>,
         Result<JobId, RequestError>,
     ),
-    Done(oneshot::Sender<Result<(), RequestError>>, Result<(), RequestError>),
+    Done(
+        oneshot::Sender<Result<(), RequestError>>,
+        Result<(), RequestError>,
+    ),
 }
 
 /// The driver's state; lives on its own thread.
@@ -242,7 +245,10 @@ pub fn spawn(
     clock: Clock,
     events: broadcast::Sender<JobEvent>,
     logs: mpsc::Sender<LogMsg>,
-    restored_cursors: std::collections::BTreeMap<(NodeId, millrace_core::Epoch), millrace_core::Seqno>,
+    restored_cursors: std::collections::BTreeMap<
+        (NodeId, millrace_core::Epoch),
+        millrace_core::Seqno,
+    >,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(MillHandle, std::thread::JoinHandle<Result<(), DriverError>>)> {
     let (tx, rx) = mpsc::channel(CMD_QUEUE);
@@ -533,7 +539,9 @@ impl Driver {
             } => {
                 self.metrics.placed += 1;
                 self.metrics.placement_latency.observe(latency);
-                let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+                let us = u64::try_from(latency.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
                 let _ = self.latency_us.record(us.min(3_600_000_000));
                 tracing::debug!(%job, %lease, %node, ?latency, "placed");
             }

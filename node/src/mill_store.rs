@@ -166,8 +166,8 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (lease, job, node, epoch, state, resources) = row.map_err(self.sq())?;
-            let node = NodeId::new(node)
-                .map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
+            let node =
+                NodeId::new(node).map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
             let state = match state.as_str() {
                 "reserved" => LeaseState::Reserved,
                 "running" => LeaseState::Running,
@@ -202,8 +202,7 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (node, epoch, seqno) = row.map_err(self.sq())?;
-            let node =
-                NodeId::new(node).map_err(|e| self.corrupt(format!("cursor: node: {e}")))?;
+            let node = NodeId::new(node).map_err(|e| self.corrupt(format!("cursor: node: {e}")))?;
             snap.cursors
                 .insert((node, Epoch(to_u64(epoch))), Seqno(to_u64(seqno)));
         }
@@ -236,8 +235,7 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let node = row.map_err(self.sq())?;
-            let node =
-                NodeId::new(node).map_err(|e| self.corrupt(format!("quarantine: {e}")))?;
+            let node = NodeId::new(node).map_err(|e| self.corrupt(format!("quarantine: {e}")))?;
             snap.quarantined.insert(node);
         }
         Ok(Some(snap))
@@ -555,9 +553,8 @@ impl MillReader {
             ),
         };
         let mut stmt = self.conn.prepare_cached(&sql).map_err(sq)?;
-        let map = |r: &rusqlite::Row<'_>| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        };
+        let map =
+            |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?));
         let raw: Vec<(i64, Vec<u8>, i64, String, i64)> = match &arg {
             None => stmt
                 .query_map(params![limit], map)

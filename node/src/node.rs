@@ -151,7 +151,10 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
     let store = MillStore::open(&opts.data)?;
     let snapshot = store.load()?;
-    let restored = snapshot.as_ref().map(|s| s.cursors.clone()).unwrap_or_default();
+    let restored = snapshot
+        .as_ref()
+        .map(|s| s.cursors.clone())
+        .unwrap_or_default();
     if let Some(s) = &snapshot {
         tracing::info!(
             store = %store.path().display(),
@@ -165,8 +168,8 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         .map_err(|e| NodeError::Config(e.to_string()))?;
     let reader = MillReader::open(store.path())?;
     let (events, _) = broadcast::channel(EVENT_BUFFER);
-    let (log_tx, logs) =
-        crate::logs::spawn_writer(opts.data.clone(), events.clone()).map_err(io("job log writer"))?;
+    let (log_tx, logs) = crate::logs::spawn_writer(opts.data.clone(), events.clone())
+        .map_err(io("job log writer"))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (handle, driver) = mill_driver::spawn(
         mill,
@@ -188,7 +191,9 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
     let http_listener = TcpListener::bind(&opts.http_listen)
         .await
         .map_err(io(format!("HTTP listener {}", opts.http_listen)))?;
-    let http_addr = http_listener.local_addr().map_err(io("HTTP listener address"))?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(io("HTTP listener address"))?;
     for (what, addr) in [("executor", executor_addr), ("HTTP", http_addr)] {
         if !is_loopback(&addr) {
             tracing::warn!(
@@ -329,7 +334,9 @@ async fn accept_loop(
                 net::Ended::Codec(e) => {
                     tracing::warn!(%conn, %peer, error = %e, "bad frame from executor; connection closed")
                 }
-                other => tracing::debug!(%conn, %peer, reason = %other, "executor connection ended"),
+                other => {
+                    tracing::debug!(%conn, %peer, reason = %other, "executor connection ended")
+                }
             }
             let _ = tx
                 .send(MillCmd::Net(MillInput::Disconnected { conn }))
@@ -401,11 +408,19 @@ pub fn start_executor(
     let (name, seats) = parse_engine(&opts.engine)?;
     let (store, snapshot) = ExecStore::open(&opts.data)?;
     if !snapshot.jobs.is_empty() {
-        tracing::warn!(jobs = snapshot.jobs.len(), "jobs of the previous process end \"executor restarted\" (E9)");
+        tracing::warn!(
+            jobs = snapshot.jobs.len(),
+            "jobs of the previous process end \"executor restarted\" (E9)"
+        );
     }
     ShellEngine::reap_previous(&opts.data);
     let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
-    config.labels = opts.labels.iter().filter(|l| !l.is_empty()).cloned().collect();
+    config.labels = opts
+        .labels
+        .iter()
+        .filter(|l| !l.is_empty())
+        .cloned()
+        .collect();
     config.engines = [(name, EngineConfig::seats(seats))].into_iter().collect();
     config.snapshot_interval = opts.timing.snapshot_interval;
     config.silence_timeout = opts.timing.silence_timeout;
@@ -414,15 +429,22 @@ pub fn start_executor(
     config.backoff_max = opts.tuning.backoff_max;
     config.stop_grace = opts.tuning.stop_grace;
     config.backoff_seed = crate::sqlite::random_u64().unwrap_or(0);
-    config.outbox_capacity = config
-        .outbox_capacity
-        .max(usize::try_from(seats).unwrap_or(usize::MAX).saturating_mul(2));
+    config.outbox_capacity = config.outbox_capacity.max(
+        usize::try_from(seats)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2),
+    );
     let epoch = snapshot.epoch;
     let executor = Executor::try_new(config, snapshot, clock.now())
         .map_err(|e| NodeError::Config(e.to_string()))?;
     let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
-    let engine = ShellEngine::new(&opts.data, tx.clone(), runtime.clone(), opts.tuning.job_hard_cap)
-        .map_err(io(format!("executor data {}", opts.data.display())))?;
+    let engine = ShellEngine::new(
+        &opts.data,
+        tx.clone(),
+        runtime.clone(),
+        opts.tuning.job_hard_cap,
+    )
+    .map_err(io(format!("executor data {}", opts.data.display())))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let driver = exec_driver::spawn(
         ExecDriverParts {

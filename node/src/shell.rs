@@ -174,7 +174,10 @@ fn kill_marked_group(pgid: i32, lease: LeaseId) -> usize {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
             continue;
         };
-        let group = rest.split_whitespace().nth(2).and_then(|s| s.parse::<i32>().ok());
+        let group = rest
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.parse::<i32>().ok());
         if group != Some(pgid) {
             continue;
         }
@@ -318,7 +321,11 @@ async fn run_job(ctx: JobCtx, stop_rx: oneshot::Receiver<Duration>) {
 
 type Reader = tokio::task::JoinHandle<std::io::Result<String>>;
 
-fn spawn(ctx: &JobCtx, work: &Path, log_path: &Path) -> std::io::Result<(tokio::process::Child, Reader)> {
+fn spawn(
+    ctx: &JobCtx,
+    work: &Path,
+    log_path: &Path,
+) -> std::io::Result<(tokio::process::Child, Reader)> {
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work)?;
     if let Some(dir) = log_path.parent() {

@@ -274,7 +274,14 @@ mod tests {
         }
         let err = open(dir.path(), &SCHEMA).err().unwrap();
         assert!(
-            matches!(err, StoreError::Newer { found: 7, known: 2, .. }),
+            matches!(
+                err,
+                StoreError::Newer {
+                    found: 7,
+                    known: 2,
+                    ..
+                }
+            ),
             "{err}"
         );
     }

@@ -1,0 +1,710 @@
+//! Integration tests with real `millrace` processes on loopback (issue 5, item 10).
+//!
+//! Short timers come in through flags; every wait polls the HTTP API (or a store file) with
+//! a bounded deadline — nothing sleeps in place of synchronisation.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_millrace");
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Timers both sides share: seconds, not minutes.
+fn timing(grace: &str) -> Vec<String> {
+    [
+        "--reconnect-grace",
+        grace,
+        "--silence-timeout",
+        "1s",
+        "--snapshot-interval",
+        "300ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(args: &[String], log: PathBuf) -> Proc {
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("MILLRACE_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Proc {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        let mut c = self.child.take().unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not stop; log:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `f` until it yields, or fails the test after `TIMEOUT` saying what it waited for.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+struct Addrs {
+    http: String,
+    executor: String,
+}
+
+/// The addresses a mill process wrote once it listened.
+fn addrs(data: &Path, pid: u32) -> Addrs {
+    wait_for("the mill's address file", || {
+        let text = std::fs::read_to_string(data.join("addr.json")).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        if v["pid"].as_u64()? != u64::from(pid) {
+            return None;
+        }
+        Some(Addrs {
+            http: format!("http://{}", v["http"].as_str()?),
+            executor: v["executor"].as_str()?.to_string(),
+        })
+    })
+}
+
+struct Api {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    fn new(base: &str, token: &str) -> Api {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Api {
+            base: base.to_string(),
+            token: token.to_string(),
+            agent,
+        }
+    }
+
+    fn get_raw(&self, path: &str, auth: bool) -> (u16, String) {
+        let mut req = self.agent.get(format!("{}{path}", self.base));
+        if auth {
+            req = req.header("Authorization", &format!("Bearer {}", self.token));
+        }
+        match req.call() {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                r.body_mut().read_to_string().unwrap_or_default(),
+            ),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let (s, t) = self.get_raw(path, true);
+        (s, serde_json::from_str(&t).unwrap_or(Value::Null))
+    }
+
+    fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+        let r = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body);
+        match r {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            ),
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    fn submit(&self, body: Value) -> u64 {
+        let (s, v) = self.post_raw("/v1/jobs", &body.to_string());
+        assert_eq!(s, 201, "submit answered {s}: {v}");
+        v["id"].as_u64().unwrap()
+    }
+
+    #[allow(dead_code)]
+    fn job(&self, id: u64) -> Value {
+        let (s, v) = self.get(&format!("/v1/jobs/{id}"));
+        assert_eq!(s, 200, "job {id}: {v}");
+        v
+    }
+
+    fn wait_state(&self, id: u64, pred: impl Fn(&str) -> bool, what: &str) -> Value {
+        wait_for(&format!("job {id} to be {what}"), || {
+            let (s, v) = self.get(&format!("/v1/jobs/{id}"));
+            (s == 200 && pred(v["state"].as_str().unwrap_or(""))).then_some(v)
+        })
+    }
+
+    fn wait_done(&self, id: u64) -> Value {
+        wait_for(&format!("job {id} to end"), || {
+            let (s, v) = self.get(&format!("/v1/jobs/{id}"));
+            (s == 200 && v["done"].as_bool() == Some(true)).then_some(v)
+        })
+    }
+
+    fn connected(&self, node: &str) -> bool {
+        let (s, v) = self.get("/v1/nodes");
+        s == 200
+            && v["nodes"].as_array().is_some_and(|ns| {
+                ns.iter()
+                    .any(|n| n["node"] == node && n["state"] == "connected")
+            })
+    }
+}
+
+fn token(data: &Path) -> String {
+    wait_for("the token file", || {
+        let t = std::fs::read_to_string(data.join("token")).ok()?;
+        let t = t.trim().to_string();
+        (!t.is_empty()).then_some(t)
+    })
+}
+
+struct Mill {
+    proc: Proc,
+    data: PathBuf,
+    addrs: Addrs,
+    api: Api,
+}
+
+fn start_mill(root: &Path, grace: &str, executor_listen: &str) -> Mill {
+    let data = root.join("mill");
+    let mut args: Vec<String> = [
+        "mill",
+        "--data",
+        data.to_str().unwrap(),
+        "--executor-listen",
+        executor_listen,
+        "--http-listen",
+        "127.0.0.1:0",
+        "--bid-timeout",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(timing(grace));
+    let n = std::fs::read_dir(root).map(|d| d.count()).unwrap_or(0);
+    let proc = Proc::spawn(&args, root.join(format!("mill-{n}.log")));
+    let addrs = addrs(&data, proc.pid());
+    let api = Api::new(&addrs.http, &token(&data));
+    Mill {
+        proc,
+        data,
+        addrs,
+        api,
+    }
+}
+
+fn start_executor(
+    root: &Path,
+    mill: &Mill,
+    node: &str,
+    labels: &str,
+    seats: u32,
+    grace: &str,
+    token_file: &Path,
+) -> Proc {
+    let data = root.join(node);
+    let mut args: Vec<String> = [
+        "executor",
+        "--mill",
+        &mill.addrs.executor,
+        "--node-id",
+        node,
+        "--labels",
+        labels,
+        "--engine",
+        &format!("shell:{seats}"),
+        "--data",
+        data.to_str().unwrap(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--backoff-min",
+        "50ms",
+        "--backoff-max",
+        "500ms",
+        "--stop-grace",
+        "1s",
+        "--drain-timeout",
+        "5s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(timing(grace));
+    let n = std::fs::read_dir(root).map(|d| d.count()).unwrap_or(0);
+    Proc::spawn(&args, root.join(format!("{node}-{n}.log")))
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // A zombie (state Z) is dead for our purposes: nothing runs.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn kill_pid(pid: Option<i32>) {
+    if let Some(p) = pid {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
+}
+
+/// (a) standalone runs 20 shell jobs to success and serves their logs; the CLI's
+/// `submit --wait` works; `/metrics` is valid Prometheus text; `/health` needs no token.
+#[test]
+fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("sa");
+    let args: Vec<String> = [
+        "standalone",
+        "--data",
+        data.to_str().unwrap(),
+        "--http-listen",
+        "127.0.0.1:0",
+        "--executor-listen",
+        "127.0.0.1:0",
+        "--engine",
+        "shell:4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sa = Proc::spawn(&args, root.path().join("sa.log"));
+    let addrs = addrs(&data, sa.pid());
+    let api = Api::new(&addrs.http, &token(&data));
+    let (s, _) = api.get_raw("/health", false);
+    assert_eq!(s, 200);
+    let (s, body) = api.get_raw("/v1/jobs", false);
+    assert_eq!(s, 401, "{body}");
+
+    let ids: Vec<u64> = (0..20)
+        .map(|i| api.submit(json!({"command": format!("echo out-{i}; echo err-{i} >&2")})))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        let v = api.wait_done(*id);
+        assert_eq!(v["state"], "success", "{v}");
+        assert_eq!(v["exit_code"], 0);
+        let hash = v["log"]["hash"].as_str().unwrap();
+        assert!(hash.starts_with("sha256:") && hash.len() == 71, "{hash}");
+        let (s, log) = api.get_raw(&format!("/v1/jobs/{id}/log"), true);
+        assert_eq!(s, 200);
+        assert!(
+            log.contains(&format!("out-{i}\n")),
+            "log of job {id}: {log:?}"
+        );
+        assert!(
+            log.contains(&format!("err-{i}\n")),
+            "log of job {id}: {log:?}"
+        );
+    }
+    let (s, list) = api.get("/v1/jobs?state=success&limit=100");
+    assert_eq!(s, 200);
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 20);
+
+    // The CLI, as the README shows it.
+    let out = Command::new(BIN)
+        .args([
+            "submit",
+            "--server",
+            &addrs.http,
+            "--data",
+            data.to_str().unwrap(),
+            "--wait",
+            "--",
+            "echo",
+            "hello",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    let out = Command::new(BIN)
+        .args([
+            "submit",
+            "--server",
+            &addrs.http,
+            "--data",
+            data.to_str().unwrap(),
+            "--wait",
+            "--",
+            "exit 4",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+
+    // /metrics parses as Prometheus text and counts what happened.
+    let (s, text) = api.get_raw("/metrics", true);
+    assert_eq!(s, 200);
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("no sample {name} {label:?} in\n{text}"))
+    };
+    assert_eq!(
+        value("millrace_placements_total", Some(("result", "placed"))),
+        22.0
+    );
+    assert_eq!(
+        value("millrace_jobs_finished_total", Some(("status", "success"))),
+        21.0
+    );
+    assert_eq!(
+        value("millrace_jobs_finished_total", Some(("status", "failed"))),
+        1.0
+    );
+    assert_eq!(
+        value("millrace_sessions", Some(("state", "connected"))),
+        1.0
+    );
+    assert_eq!(value("millrace_leases", Some(("state", "running"))), 0.0);
+    assert!(value("millrace_events_applied_total", None) >= 44.0);
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "millrace_placement_latency_seconds"
+            && matches!(s.value, prometheus_parse::Value::Histogram(_))));
+    for (name, kind) in [
+        ("millrace_placements_total", "counter"),
+        ("millrace_placement_latency_seconds", "histogram"),
+        ("millrace_sessions", "gauge"),
+        ("millrace_leases", "gauge"),
+        ("millrace_events_applied_total", "counter"),
+        ("millrace_violations_total", "counter"),
+        ("millrace_quota_usage", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}")),
+            "{name} {kind}"
+        );
+    }
+    assert!(sa.stop().success(), "{}", sa.logs());
+}
+
+/// (b) mill + 2 executors; `kill -9` one mid-job: its job fails after grace, the other's
+/// jobs succeed.
+#[test]
+fn b_killed_executor_fails_its_jobs_after_grace_the_other_succeeds() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    let tok = mill.data.join("token");
+    let mut x1 = start_executor(root.path(), &mill, "x1", "a", 2, "2s", &tok);
+    let _x2 = start_executor(root.path(), &mill, "x2", "b", 2, "2s", &tok);
+    wait_for("both executors", || {
+        (mill.api.connected("x1") && mill.api.connected("x2")).then_some(())
+    });
+    let pidfile = root.path().join("a.pid");
+    let a = mill.api.submit(json!({
+        "command": format!("echo $$ > {}; exec sleep 60", pidfile.display()),
+        "labels": ["a"],
+    }));
+    mill.api.wait_state(a, |s| s == "running", "running");
+    wait_for("the job's pid", || read_pid(&pidfile));
+    let bs: Vec<u64> = (0..4)
+        .map(|_| {
+            mill.api
+                .submit(json!({"command": "sleep 0.2; echo ok", "labels": ["b"]}))
+        })
+        .collect();
+    x1.kill9();
+    let v = mill.api.wait_done(a);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("executor lost"),
+        "{v}"
+    );
+    for b in bs {
+        let v = mill.api.wait_done(b);
+        assert_eq!(v["state"], "success", "{v}");
+        assert_eq!(v["node"], "x2");
+    }
+    kill_pid(read_pid(&pidfile));
+}
+
+/// (c) restart the mill mid-job: the running job is claimed and ends with its real status.
+#[test]
+fn c_mill_restart_mid_job_keeps_the_real_status() {
+    let root = tempfile::tempdir().unwrap();
+    let mut mill = start_mill(root.path(), "5s", "127.0.0.1:0");
+    let tok = mill.data.join("token");
+    let _x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let gate = root.path().join("gate");
+    let id = mill.api.submit(json!({
+        "command": format!("while [ ! -e {} ]; do sleep 0.05; done; echo finished; exit 3", gate.display()),
+    }));
+    mill.api.wait_state(id, |s| s == "running", "running");
+    let exec_addr = mill.addrs.executor.clone();
+    mill.proc.kill9();
+    // The job ends while the mill is down; its terminal waits in the executor's outbox.
+    std::fs::write(&gate, b"").unwrap();
+    let mill = start_mill(root.path(), "5s", &exec_addr);
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["exit_code"], 3, "{v}");
+    assert_eq!(v["error"], "exit status 3", "{v}");
+    // The restarted mill places new work too.
+    let next = mill.api.submit(json!({"command": "true"}));
+    assert_eq!(mill.api.wait_done(next)["state"], "success");
+}
+
+/// (d) restart an executor with its store intact mid-job: a result that finished before it
+/// died (unacked, the mill was frozen) arrives; the job that was running ends "executor
+/// restarted" (E9) and its process is gone.
+#[test]
+fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "5s", "127.0.0.1:0");
+    let tok = mill.data.join("token");
+    let mut x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let gate = root.path().join("gate");
+    let pidfile = root.path().join("b.pid");
+    let a = mill.api.submit(json!({
+        "command": format!("while [ ! -e {} ]; do sleep 0.05; done; echo a-done", gate.display()),
+    }));
+    let b = mill.api.submit(json!({
+        "command": format!("echo $$ > {}; exec sleep 60", pidfile.display()),
+    }));
+    mill.api.wait_state(a, |s| s == "running", "running");
+    mill.api.wait_state(b, |s| s == "running", "running");
+    let b_pid = wait_for("job b's pid", || read_pid(&pidfile));
+    // Freeze the mill so nothing gets acked, let job a finish, and wait until its terminal
+    // is in the executor's durable outbox (the job left the store's job table).
+    mill.proc.signal("-STOP");
+    std::fs::write(&gate, b"").unwrap();
+    let db = root.path().join("x1").join("executor.db");
+    wait_for("job a's terminal in the executor's outbox", || {
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .ok()?;
+        let jobs: i64 = conn
+            .query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0))
+            .ok()?;
+        let outbox: i64 = conn
+            .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
+            .ok()?;
+        (jobs == 1 && outbox >= 1).then_some(())
+    });
+    x.kill9();
+    mill.proc.signal("-CONT");
+    let _x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    let va = mill.api.wait_done(a);
+    assert_eq!(va["state"], "success", "{va}");
+    assert_eq!(va["exit_code"], 0, "{va}");
+    let vb = mill.api.wait_done(b);
+    assert_eq!(vb["state"], "failed", "{vb}");
+    assert_eq!(vb["error"], "executor restarted", "{vb}");
+    wait_for("job b's process to be killed", || {
+        (!pid_alive(b_pid)).then_some(())
+    });
+}
+
+/// (e) an executor with a wrong token is refused; both sides log the reason.
+#[test]
+fn e_wrong_token_is_refused_and_logged_on_both_sides() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    let bad = root.path().join("bad-token");
+    std::fs::write(&bad, "not-the-token\n").unwrap();
+    let x = start_executor(root.path(), &mill, "intruder", "", 1, "2s", &bad);
+    wait_for("the refusal in the executor's log", || {
+        x.logs()
+            .contains("the mill refused this executor")
+            .then_some(())
+    });
+    wait_for("the refusal in the mill's log", || {
+        mill.proc.logs().contains("executor refused").then_some(())
+    });
+    let (_, text) = mill.api.get_raw("/metrics", true);
+    assert!(!text.contains("millrace_hello_refused_total 0\n"), "{text}");
+    assert!(!mill.api.connected("intruder"));
+}
+
+/// (f) malformed HTTP bodies get 400 naming the field; unknown jobs 404; ended jobs 409.
+#[test]
+fn f_malformed_bodies_get_400_naming_the_field() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    for (body, field) in [
+        ("{}", "command"),
+        (r#"{"command": 3}"#, "command"),
+        (r#"{"command": ""}"#, "command"),
+        (r#"{"command": "x", "labels": "a"}"#, "labels"),
+        (r#"{"command": "x", "labels": ["has space"]}"#, "labels"),
+        (r#"{"command": "x", "timeout_secs": 0}"#, "timeout_secs"),
+        (r#"{"command": "x", "resources": {"cpu": 0}}"#, "resources"),
+        (r#"{"command": "x", "owner": ""}"#, "owner"),
+        (r#"{"command": "x", "colour": "red"}"#, "colour"),
+        ("{not json", "body"),
+    ] {
+        let (s, v) = mill.api.post_raw("/v1/jobs", body);
+        assert_eq!(s, 400, "{body}: {v}");
+        assert_eq!(v["field"], field, "{body}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    }
+    let (s, v) = mill.api.get("/v1/jobs/999");
+    assert_eq!(s, 404, "{v}");
+    let (s, v) = mill.api.get("/v1/jobs?state=bogus");
+    assert_eq!((s, v["field"].as_str()), (400, Some("state")), "{v}");
+    let (s, v) = mill.api.post_raw("/v1/jobs/999/cancel", "{}");
+    assert_eq!(s, 404, "{v}");
+    // No executor: the job queues; cancelling it ends it, a second cancel conflicts.
+    let id = mill.api.submit(json!({"command": "true"}));
+    let (s, v) = mill.api.post_raw(&format!("/v1/jobs/{id}/cancel"), "{}");
+    assert_eq!(s, 202, "{v}");
+    assert_eq!(mill.api.wait_done(id)["state"], "cancelled");
+    let (s, v) = mill.api.post_raw(&format!("/v1/jobs/{id}/cancel"), "{}");
+    assert_eq!(s, 409, "{v}");
+    let (s, v) = mill.api.post_raw("/v1/nodes/nobody/quarantine/lift", "");
+    assert_eq!(s, 409, "{v}");
+}
+
+/// (g) cancelling a running job kills its whole process group.
+#[test]
+fn g_cancel_kills_the_whole_process_group() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    let tok = mill.data.join("token");
+    let _x = start_executor(root.path(), &mill, "x1", "", 1, "2s", &tok);
+    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let child = root.path().join("child.pid");
+    let shell = root.path().join("sh.pid");
+    let id = mill.api.submit(json!({
+        "command": format!(
+            "sleep 300 & echo $! > {c}; echo $$ > {s}; wait",
+            c = child.display(),
+            s = shell.display()
+        ),
+    }));
+    mill.api.wait_state(id, |s| s == "running", "running");
+    let child_pid = wait_for("the background child's pid", || read_pid(&child));
+    let shell_pid = wait_for("the shell's pid", || read_pid(&shell));
+    assert!(pid_alive(child_pid) && pid_alive(shell_pid));
+    let (s, v) = mill
+        .api
+        .post_raw(&format!("/v1/jobs/{id}/cancel"), r#"{"reason": "test"}"#);
+    assert_eq!(s, 202, "{v}");
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "cancelled", "{v}");
+    wait_for("the whole group to be gone", || {
+        (!pid_alive(child_pid) && !pid_alive(shell_pid)).then_some(())
+    });
+}
+
+/// Item 4: a store held by another live process is refused, naming the path.
+#[test]
+fn store_held_by_a_live_process_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    let out = Command::new(BIN)
+        .args([
+            "mill",
+            "--data",
+            mill.data.to_str().unwrap(),
+            "--executor-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let mut err = String::new();
+    out.stderr.as_slice().read_to_string(&mut err).unwrap();
+    assert!(err.contains("held by another live process"), "{err}");
+    assert!(err.contains("mill.db"), "{err}");
+}
