@@ -512,7 +512,9 @@ impl Mill {
     /// Ends a step: runs placement if anything changed, then emits one `Persist` with every
     /// write of the step followed by everything that depends on it (persist before send).
     fn finish_step(&mut self) {
-        if self.placement_dirty {
+        // A pass may wake placement again (a quota release grants waiters); it ends because
+        // grants are finite and a job re-queued by a pass waits for the next change.
+        while self.placement_dirty {
             self.placement_dirty = false;
             self.place_pending();
         }

@@ -261,12 +261,14 @@ impl Mill {
                 continue;
             };
             if j.waits_for_change == Some(self.change_seq) {
+                self.drop_rebid_hold(job);
                 continue;
             }
             if exhausted
                 .iter()
                 .any(|(e, l)| e == &j.spec.engine && l == &j.spec.labels)
             {
+                self.drop_rebid_hold(job);
                 continue;
             }
             candidates.clear();
@@ -274,6 +276,7 @@ impl Mill {
                 .top(&j.spec.engine, &j.spec.labels, limit, &mut candidates);
             if candidates.is_empty() {
                 exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
+                self.drop_rebid_hold(job);
                 continue;
             }
             self.queue.remove(&job);
@@ -286,6 +289,15 @@ impl Mill {
                 soft_failure: false,
             };
             self.advance(job, round);
+        }
+    }
+
+    /// M15, I9: a job granted quota for a re-bid that cannot start one now waits for the
+    /// fleet like any other job, without the grant, which would stall jobs of its scopes
+    /// that could run elsewhere. Waiters granted by the release are placed in this step.
+    fn drop_rebid_hold(&mut self, job: JobId) {
+        if self.jobs.get_mut(&job).and_then(|j| j.quota_held.take()).is_some() {
+            self.release_quota(job, false);
         }
     }
 

@@ -3,6 +3,7 @@
 //! well-typed but hostile executor traffic and checks that everything drains at quiescence.
 
 use super::*;
+use crate::quota::QuotaConfig;
 
 fn cancel(h: &mut H, job: JobId) {
     h.input(MillInput::Cancel {
@@ -10,6 +11,39 @@ fn cancel(h: &mut H, job: JobId) {
         reason: "user".into(),
     })
     .unwrap();
+}
+
+/// A connected executor offering only `engine`, with one snapshot (so it is ready).
+fn ready_with(h: &mut H, name: &str, engine: &str, capacity: u32) -> ConnId {
+    let conn = ConnId(h.next_conn);
+    h.next_conn += 1;
+    h.input(MillInput::Connected { conn }).unwrap();
+    h.msg(
+        conn,
+        ToMill::Hello {
+            protocol_version: crate::wire::PROTOCOL_VERSION,
+            node_id: name.into(),
+            epoch: Epoch(1),
+            token: "secret".into(),
+            labels: Vec::new(),
+            engines: vec![engine.into()],
+        },
+    );
+    h.snapshot_with(conn, one_engine(engine, true, capacity), &[]);
+    conn
+}
+
+fn one_engine(engine: &str, available: bool, capacity: u32) -> BTreeMap<String, EngineStatus> {
+    [(
+        engine.to_string(),
+        EngineStatus {
+            available,
+            capacity,
+            load: BTreeMap::new(),
+        },
+    )]
+    .into_iter()
+    .collect()
 }
 
 #[test]
@@ -104,4 +138,43 @@ fn m5_a_cancel_never_acked_after_grace_still_fails_the_nodes_leases() {
         h.terminal_of(job).unwrap().error.as_deref(),
         Some("executor lost")
     );
+}
+
+#[test]
+fn m15_i9_a_quota_grant_is_not_held_while_the_job_cannot_bid() {
+    // Owner quota of one job. Job 2 waits for quota on a shell node; when job 1 ends the
+    // grant goes to job 2, but no shell seat is offered any more. A docker job of the same
+    // owner must not wait behind that grant while its docker node sits idle.
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        quota: QuotaConfig {
+            owner_defaults: charge(&[("jobs", 1)]),
+            ..QuotaConfig::default()
+        },
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let (_, l1) = h.run_on(a, spec());
+    let _second = h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    assert_eq!(h.releases(a), vec![l2], "waits for quota without the seat");
+    h.snapshot_with(a, engines(false, 1.0), &[l1]);
+    h.events(a, 1, vec![(1, l1, terminal(TerminalStatus::Success))]);
+
+    let d = ready_with(&mut h, "d", "docker", 1);
+    let mut s = spec();
+    s.engine = "docker".into();
+    let third = h.submit(s);
+    let l3 = h.asks(d)[0];
+    h.accept(d, l3, charge(&[("jobs", 1)]));
+    assert_eq!(
+        h.commits(d),
+        vec![l3],
+        "the docker job waits behind a grant no shell node can use"
+    );
+    assert!(matches!(
+        h.mill.job_state(third),
+        Some(JobState::Reserved { .. })
+    ));
 }
