@@ -135,38 +135,34 @@ impl ExecStore {
                 match write {
                     ExecutorWrite::Append(event) => {
                         let blob = postcard::to_allocvec(event).map_err(enc)?;
-                        tx.execute(
+                        tx.prepare_cached(
                             "INSERT OR REPLACE INTO outbox (seqno, event) VALUES (?1, ?2)",
-                            params![to_i64(event.seqno.get()), blob],
                         )
+                        .and_then(|mut st| st.execute(params![to_i64(event.seqno.get()), blob]))
                         .map_err(sq)?;
-                        tx.execute(
+                        tx.prepare_cached(
                             "UPDATE meta SET next_seqno = max(next_seqno, ?1) WHERE id = 1",
-                            params![to_i64(event.seqno.next().get())],
                         )
+                        .and_then(|mut st| st.execute(params![to_i64(event.seqno.next().get())]))
                         .map_err(sq)?;
                     }
                     ExecutorWrite::Trim { up_to } => {
-                        tx.execute(
-                            "DELETE FROM outbox WHERE seqno <= ?1",
-                            params![to_i64(up_to.get())],
-                        )
-                        .map_err(sq)?;
+                        tx.prepare_cached("DELETE FROM outbox WHERE seqno <= ?1")
+                            .and_then(|mut st| st.execute(params![to_i64(up_to.get())]))
+                            .map_err(sq)?;
                     }
                     ExecutorWrite::JobCommitted { lease, job } => {
                         let blob = postcard::to_allocvec(job).map_err(enc)?;
-                        tx.execute(
+                        tx.prepare_cached(
                             "INSERT OR REPLACE INTO jobs (lease, job) VALUES (?1, ?2)",
-                            params![to_i64(lease.get()), blob],
                         )
+                        .and_then(|mut st| st.execute(params![to_i64(lease.get()), blob]))
                         .map_err(sq)?;
                     }
                     ExecutorWrite::JobEnded { lease } => {
-                        tx.execute(
-                            "DELETE FROM jobs WHERE lease = ?1",
-                            params![to_i64(lease.get())],
-                        )
-                        .map_err(sq)?;
+                        tx.prepare_cached("DELETE FROM jobs WHERE lease = ?1")
+                            .and_then(|mut st| st.execute(params![to_i64(lease.get())]))
+                            .map_err(sq)?;
                     }
                 }
             }
@@ -175,7 +171,8 @@ impl ExecStore {
     }
 
     /// Checkpoints the WAL and closes the store.
-    pub fn close(self) -> Result<(), StoreError> {
+    pub fn close(mut self) -> Result<(), StoreError> {
+        drop(self.opened.checkpointer.take());
         let path = self.opened.path.clone();
         self.opened
             .conn

@@ -267,7 +267,8 @@ impl MillStore {
     }
 
     /// Checkpoints the WAL and closes the store (clean shutdown).
-    pub fn close(self) -> Result<(), StoreError> {
+    pub fn close(mut self) -> Result<(), StoreError> {
+        drop(self.opened.checkpointer.take());
         let path = self.opened.path.clone();
         self.opened
             .conn
@@ -307,22 +308,24 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
             next_job,
             lease_floor,
         } => {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO counters (id, next_job, lease_floor) VALUES (1, ?1, ?2)
                  ON CONFLICT (id) DO UPDATE SET
                    next_job = max(next_job, excluded.next_job),
                    lease_floor = max(lease_floor, excluded.lease_floor)",
-                params![to_i64(next_job.get()), to_i64(lease_floor.get())],
-            )?;
+            )
+            .and_then(|mut st| {
+                st.execute(params![to_i64(next_job.get()), to_i64(lease_floor.get())])
+            })?;
         }
         MillWrite::JobInsert { job, record } => {
             let spec = postcard::to_allocvec(&record.spec)
                 .map_err(|e| WriteError::Encode(e.to_string()))?;
             let state = json(&record.state)?;
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+                .and_then(|mut st| st.execute(params![
                     to_i64(job.get()),
                     spec,
                     to_i64(record.submitted_at_ms),
@@ -330,93 +333,98 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     state,
                     matches!(record.state, JobState::Done(_)),
                     now
-                ],
-            )?;
-            tx.execute(
+                ]))?;
+            tx.prepare_cached(
                 "INSERT INTO job_history (job, state, state_json, at_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![to_i64(job.get()), record.state.name(), state, now],
-            )?;
+            )
+            .and_then(|mut st| {
+                st.execute(params![to_i64(job.get()), record.state.name(), state, now])
+            })?;
         }
         MillWrite::JobState { job, state } => {
             let s = json(state)?;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE jobs SET state = ?2, state_json = ?3, done = ?4, updated_at_ms = ?5
                  WHERE id = ?1",
-                params![
+            )
+            .and_then(|mut st| {
+                st.execute(params![
                     to_i64(job.get()),
                     state.name(),
                     s,
                     matches!(state, JobState::Done(_)),
                     now
-                ],
-            )?;
-            tx.execute(
+                ])
+            })?;
+            tx.prepare_cached(
                 "INSERT INTO job_history (job, state, state_json, at_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![to_i64(job.get()), state.name(), s, now],
-            )?;
+            )
+            .and_then(|mut st| st.execute(params![to_i64(job.get()), state.name(), s, now]))?;
         }
         MillWrite::LeaseUpsert(record) => {
             let state = match record.state {
                 LeaseState::Reserved => "reserved",
                 LeaseState::Running => "running",
             };
-            tx.execute(
+            let resources = json(&record.resources)?;
+            tx.prepare_cached(
                 "INSERT INTO leases (lease, job, node, epoch, state, resources)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (lease) DO UPDATE SET job = excluded.job, node = excluded.node,
                    epoch = excluded.epoch, state = excluded.state, resources = excluded.resources",
-                params![
+            )
+            .and_then(|mut st| {
+                st.execute(params![
                     to_i64(record.lease.get()),
                     to_i64(record.job.get()),
                     record.node.as_str(),
                     to_i64(record.epoch.get()),
                     state,
-                    json(&record.resources)?
-                ],
-            )?;
+                    resources
+                ])
+            })?;
         }
         MillWrite::LeaseDelete { lease } => {
-            tx.execute(
-                "DELETE FROM leases WHERE lease = ?1",
-                params![to_i64(lease.get())],
-            )?;
+            tx.prepare_cached("DELETE FROM leases WHERE lease = ?1")
+                .and_then(|mut st| st.execute(params![to_i64(lease.get())]))?;
         }
         MillWrite::Cursor { node, epoch, seqno } => {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO cursors (node, epoch, seqno) VALUES (?1, ?2, ?3)
                  ON CONFLICT (node, epoch) DO UPDATE SET seqno = excluded.seqno",
-                params![node.as_str(), to_i64(epoch.get()), to_i64(seqno.get())],
-            )?;
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    node.as_str(),
+                    to_i64(epoch.get()),
+                    to_i64(seqno.get())
+                ])
+            })?;
         }
         MillWrite::QuotaHold {
             job,
             identity,
             charge,
         } => {
-            tx.execute(
+            let (identity, charge) = (json(identity)?, json(charge)?);
+            tx.prepare_cached(
                 "INSERT INTO quota_holds (job, identity, charge) VALUES (?1, ?2, ?3)
                  ON CONFLICT (job) DO UPDATE SET identity = excluded.identity,
                    charge = excluded.charge",
-                params![to_i64(job.get()), json(identity)?, json(charge)?],
-            )?;
+            )
+            .and_then(|mut st| st.execute(params![to_i64(job.get()), identity, charge]))?;
         }
         MillWrite::QuotaRelease { job } => {
-            tx.execute(
-                "DELETE FROM quota_holds WHERE job = ?1",
-                params![to_i64(job.get())],
-            )?;
+            tx.prepare_cached("DELETE FROM quota_holds WHERE job = ?1")
+                .and_then(|mut st| st.execute(params![to_i64(job.get())]))?;
         }
         MillWrite::Quarantine { node, quarantined } => {
             if *quarantined {
-                tx.execute(
-                    "INSERT OR IGNORE INTO quarantine (node) VALUES (?1)",
-                    params![node.as_str()],
-                )?;
+                tx.prepare_cached("INSERT OR IGNORE INTO quarantine (node) VALUES (?1)")
+                    .and_then(|mut st| st.execute(params![node.as_str()]))?;
             } else {
-                tx.execute(
-                    "DELETE FROM quarantine WHERE node = ?1",
-                    params![node.as_str()],
-                )?;
+                tx.prepare_cached("DELETE FROM quarantine WHERE node = ?1")
+                    .and_then(|mut st| st.execute(params![node.as_str()]))?;
             }
         }
     }

@@ -79,10 +79,63 @@ pub struct Schema {
     pub migrations: &'static [&'static str],
 }
 
+/// Checkpoints the WAL from its own connection and thread, so that the writer's commits
+/// never pay for a checkpoint (the writer's automatic checkpoints are off).
+pub struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the WAL is checkpointed.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path).map_err(|source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (stop, rx) = std::sync::mpsc::channel::<()>();
+        let shown = path.display().to_string();
+        let thread = std::thread::Builder::new()
+            .name("wal-checkpoint".into())
+            .spawn(move || {
+                let _ = conn.execute_batch("PRAGMA busy_timeout=1000;");
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    {
+                        tracing::warn!(store = %shown, error = %e, "WAL checkpoint failed");
+                    }
+                }
+            })
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Checkpointer {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// An open store: the connection and the lock that keeps other processes out.
 pub struct Opened {
     /// The write connection.
     pub conn: Connection,
+    /// Checkpoints the WAL off the commit path; stop it before the final checkpoint.
+    pub checkpointer: Option<Checkpointer>,
     /// Held for the life of the store.
     pub lock: File,
     /// The database file.
@@ -167,8 +220,10 @@ pub fn open(dir: &Path, schema: &Schema) -> Result<Opened, StoreError> {
             reason: format!("could not switch to WAL (journal_mode is {mode})"),
         });
     }
-    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;")
-        .map_err(sq)?;
+    conn.execute_batch(
+        "PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=0;",
+    )
+    .map_err(sq)?;
     let mut conn = conn;
     for (from, sql) in schema.migrations.iter().enumerate() {
         let from = i64::try_from(from).unwrap_or(i64::MAX);
@@ -188,7 +243,13 @@ pub fn open(dir: &Path, schema: &Schema) -> Result<Opened, StoreError> {
     if created {
         tracing::info!(store = %path.display(), kind = schema.kind, "created a new store");
     }
-    Ok(Opened { conn, lock, path })
+    let checkpointer = Some(Checkpointer::start(&path)?);
+    Ok(Opened {
+        conn,
+        checkpointer,
+        lock,
+        path,
+    })
 }
 
 /// Opens a read-only connection to an open store (for queries beside the writer; WAL lets
