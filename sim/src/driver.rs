@@ -5,7 +5,7 @@
 //! checkers shown each. A crash may land at any output boundary of a step.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use millrace_core::codec;
@@ -17,7 +17,7 @@ use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 
 use crate::byzantine::{ByzCtx, Byzantine};
-use crate::checkers::{Bounds, Checker, StepCtx, Violation};
+use crate::checkers::{Bounds, Checker, EventSummary, StepCtx, StepKind, Violation};
 use crate::coverage::{from_rare, Coverage, Path};
 use crate::net::{Net, Packet, Payload};
 use crate::rng::{Purpose, Rng};
@@ -128,6 +128,10 @@ pub struct Sim {
     exec_outs: Vec<ExecutorOutput>,
     /// (exec, epoch, seqno): a restarted executor's unacked result, until the mill has it.
     restart_results: Vec<(usize, Epoch, Seqno)>,
+    /// The input of the mill step in progress, for the checkers.
+    ctx: StepCtx,
+    /// Accumulates `codec_fraction` per message.
+    codec_credit: f64,
     /// Whether the last mill step wrote anything.
     step_wrote: bool,
     /// Whether the last mill step emitted anything at all.
@@ -153,7 +157,7 @@ impl Sim {
         mill_cfg.max_pending = workload.max_pending;
         let n = workload.fleet.len();
         let mut execs = Vec::with_capacity(n);
-        let mut index = std::collections::BTreeMap::new();
+        let mut index = BTreeMap::new();
         for (i, spec) in workload.fleet.iter().enumerate() {
             let node = NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
             index.insert(node.clone(), i);
@@ -179,7 +183,7 @@ impl Sim {
                 crash: None,
                 byz: spec.byzantine.map(Byzantine::new),
                 connecting: None,
-                engine: std::collections::BTreeMap::new(),
+                engine: BTreeMap::new(),
                 restart_at: None,
             });
         }
@@ -210,7 +214,7 @@ impl Sim {
             healed: false,
             job_of_arrival: vec![None; arrivals],
             arrivals_done: 0,
-            leases: HashMap::new(),
+            leases: BTreeMap::new(),
             last_ask: vec![None; n],
             index,
             snapshot_delivered: vec![None; n],
@@ -220,7 +224,7 @@ impl Sim {
         Sim {
             w,
             c: Checker::new(bounds),
-            queue: BinaryHeap::new(),
+            queue: BinaryHeap::with_capacity(4096),
             seq: 0,
             engines: Rng::new(seed, Purpose::Engines),
             process,
@@ -233,6 +237,8 @@ impl Sim {
             mill_outs: Vec::new(),
             exec_outs: Vec::new(),
             restart_results: Vec::new(),
+            ctx: StepCtx::default(),
+            codec_credit: 0.0,
             step_wrote: false,
             step_outputs: 0,
             done: false,
@@ -280,7 +286,7 @@ impl Sim {
                 return;
             }
         }
-        self.after_mill_step(StepCtx::Other);
+        self.after_mill_step();
         for i in 0..self.w.execs.len() {
             self.start_exec(i);
         }
@@ -320,7 +326,7 @@ impl Sim {
                     .and_then(|m| m.next_deadline())
                     .is_some_and(|d| d.as_micros() <= now);
                 if due {
-                    self.mill_input(MillInput::Tick, StepCtx::Other);
+                    self.mill_input(MillInput::Tick);
                 } else {
                     self.schedule_mill_tick();
                 }
@@ -372,13 +378,10 @@ impl Sim {
             Ev::Arrive(k) => self.arrive(k),
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
-                    let _ = self.mill_input(
-                        MillInput::Cancel {
+                    let _ = self.mill_input(MillInput::Cancel {
                             job,
                             reason: "cancelled by its user".into(),
-                        },
-                        StepCtx::Other,
-                    );
+                        });
                 }
             }
             Ev::Fault(k) => {
@@ -448,24 +451,25 @@ impl Sim {
 
     // ---- the mill ------------------------------------------------------------------------
 
-    fn mill_input(
-        &mut self,
-        input: MillInput,
-        ctx: StepCtx,
-    ) -> Option<Result<Reply, RequestError>> {
+    /// Feeds the mill one input; `self.ctx` says what it was (reset to `Other` after).
+    fn mill_input(&mut self, input: MillInput) -> Option<Result<Reply, RequestError>> {
         let now = self.w.now;
-        let mill = self.w.mill.as_mut()?;
+        let Some(mill) = self.w.mill.as_mut() else {
+            self.ctx.kind = StepKind::Other;
+            return None;
+        };
         if self.trace.enabled() {
             self.trace.line(now, "mill", |s| trace::mill_input(s, &input));
         }
         let reply = mill.handle(t(now), input);
         self.stats.mill_steps += 1;
-        self.after_mill_step(ctx);
+        self.after_mill_step();
+        self.ctx.kind = StepKind::Other;
         Some(reply)
     }
 
     /// Drains the mill's outputs and acts on them in order (or crashes it at a boundary).
-    fn after_mill_step(&mut self, ctx: StepCtx) {
+    fn after_mill_step(&mut self) {
         let mut outs = std::mem::take(&mut self.mill_outs);
         if let Some(m) = self.w.mill.as_mut() {
             while let Some(o) = m.poll_output() {
@@ -511,7 +515,7 @@ impl Sim {
             if self.failure.is_some() {
                 break;
             }
-            self.mill_output(o, &ctx);
+            self.mill_output(o);
         }
         self.mill_outs = outs;
         if crashed || crash_at.is_some() {
@@ -534,7 +538,7 @@ impl Sim {
         }
     }
 
-    fn mill_output(&mut self, o: MillOutput, ctx: &StepCtx) {
+    fn mill_output(&mut self, o: MillOutput) {
         let now = self.w.now;
         if self.trace.enabled() {
             self.trace.line(now, "mill", |s| trace::mill_output(s, &o));
@@ -559,18 +563,13 @@ impl Sim {
                         }
                     }
                 }
-                let r = self.c.mill_persist(&self.w, &batch, ctx);
+                let r = self.c.mill_persist(&self.w, &batch, &self.ctx);
                 self.check(r);
                 if !self.restart_results.is_empty() {
-                    let store = &self.w.mill_store;
-                    let execs = &self.w.execs;
+                    let c = &self.c;
                     let before = self.restart_results.len();
-                    self.restart_results.retain(|(i, epoch, seqno)| {
-                        store
-                            .cursors
-                            .get(&(execs[*i].node.clone(), *epoch))
-                            .is_none_or(|c| c < seqno)
-                    });
+                    self.restart_results
+                        .retain(|(i, epoch, seqno)| c.cursor(*i, *epoch) < *seqno);
                     for _ in self.restart_results.len()..before {
                         self.cov.hit(Path::RestartDeliveredUnackedResult);
                     }
@@ -646,8 +645,19 @@ impl Sim {
         }
     }
 
+    /// Whether the next message goes through the wire codec: a fixed fraction, spread
+    /// evenly by a counter (no random draw, so the fraction does not move the network).
+    fn through_codec(&mut self) -> bool {
+        self.codec_credit += self.w.scenario.codec_fraction;
+        if self.codec_credit >= 1.0 {
+            self.codec_credit -= 1.0;
+            return true;
+        }
+        false
+    }
+
     fn encode_down(&mut self, msg: ToExecutor) -> Payload {
-        if self.w.scenario.codec_fraction >= 1.0 {
+        if self.through_codec() {
             match codec::encode(&msg) {
                 Ok(bytes) => return Payload::Frame(bytes),
                 Err(e) => {
@@ -662,7 +672,7 @@ impl Sim {
     }
 
     fn encode_up(&mut self, msg: ToMill) -> Payload {
-        if self.w.scenario.codec_fraction >= 1.0 {
+        if self.through_codec() {
             match codec::encode(&msg) {
                 Ok(bytes) => return Payload::Frame(bytes),
                 Err(e) => {
@@ -862,6 +872,7 @@ impl Sim {
                         job,
                         started: false,
                         stopping: false,
+                        hung: false,
                     },
                 );
                 let r = self.c.start(&self.w, i, lease, job, &spec);
@@ -909,6 +920,7 @@ impl Sim {
                 }
                 job.stopping = true;
                 let delay = if slow && self.engines.chance(0.7) {
+                    job.hung = true;
                     self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC)
                 } else {
                     self.engines.range(5 * MS, 3 * SEC)
@@ -929,9 +941,17 @@ impl Sim {
     fn engine_exit(&mut self, exec: usize, inc: u32, lease: LeaseId, how: Exit) {
         let now = self.w.now;
         let p = &mut self.w.execs[exec];
-        if p.inc != inc || p.exec.is_none() || p.engine.remove(&lease).is_none() {
+        if p.inc != inc || p.exec.is_none() {
             return;
         }
+        let hung = match p.engine.get(&lease) {
+            None => return,
+            Some(job) => job.hung,
+        };
+        if hung && matches!(how, Exit::Natural { .. }) {
+            return;
+        }
+        p.engine.remove(&lease);
         let log = Some(LogRef {
             path: LogRef::path_for(lease),
             hash: format!("sha256:{:064x}", u128::from(lease.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
@@ -1066,7 +1086,7 @@ impl Sim {
                     if let Some(at) = self.w.net.push(now, conn, false, Packet::Accept) {
                         self.at(at, Ev::Pump { conn, up: false });
                     }
-                    self.mill_input(MillInput::Connected { conn }, StepCtx::Other);
+                    self.mill_input(MillInput::Connected { conn });
                 } else if !self.w.mill_host_down {
                     if let Some(at) = self.w.net.push(now, conn, false, Packet::Refuse) {
                         self.at(at, Ev::Pump { conn, up: false });
@@ -1094,27 +1114,29 @@ impl Sim {
                     }
                     Payload::ToExec(_) => return,
                 };
-                let ctx = match &msg {
-                    ToMill::EventBatch { epoch, events } => StepCtx::Batch {
-                        exec,
-                        epoch: *epoch,
-                        events: events.clone(),
-                    },
+                match &msg {
+                    ToMill::EventBatch { epoch, events } => {
+                        self.ctx.kind = StepKind::Batch {
+                            exec,
+                            epoch: *epoch,
+                        };
+                        self.ctx.events.clear();
+                        self.ctx.events.extend(events.iter().map(EventSummary::of));
+                    }
                     ToMill::Snapshot { active_leases, .. } => {
                         self.w.snapshot_delivered[exec] = Some((conn, now));
-                        StepCtx::Snapshot {
-                            exec,
-                            active: active_leases.clone(),
-                        }
+                        self.ctx.kind = StepKind::Snapshot { exec };
+                        self.ctx.active.clear();
+                        self.ctx.active.extend_from_slice(active_leases);
                     }
-                    _ => StepCtx::Other,
-                };
-                self.mill_input(MillInput::Message { conn, msg }, ctx);
+                    _ => self.ctx.kind = StepKind::Other,
+                }
+                self.mill_input(MillInput::Message { conn, msg });
             }
             Packet::Fin => {
                 if c.mill_open && c.mill_inc == inc {
                     c.mill_open = false;
-                    self.mill_input(MillInput::Disconnected { conn }, StepCtx::Other);
+                    self.mill_input(MillInput::Disconnected { conn });
                 }
             }
             Packet::Accept | Packet::Refuse => {}
@@ -1213,7 +1235,7 @@ impl Sim {
         if to_mill {
             if c.mill_open && c.mill_inc == inc && self.w.mill.is_some() {
                 c.mill_open = false;
-                self.mill_input(MillInput::Disconnected { conn }, StepCtx::Other);
+                self.mill_input(MillInput::Disconnected { conn });
             } else {
                 c.mill_open = false;
             }
@@ -1378,7 +1400,7 @@ impl Sim {
                 })
             }
         }
-        self.after_mill_step(StepCtx::Other);
+        self.after_mill_step();
     }
 
     fn crash_exec(&mut self, i: usize, plan: CrashPlan) {
@@ -1627,13 +1649,10 @@ impl Sim {
         }
         match arrival {
             Arrival::Job { spec, cancel_after } => {
-                let r = self.mill_input(
-                    MillInput::Submit {
+                let r = self.mill_input(MillInput::Submit {
                         spec,
                         submitted_at_ms: now / MS,
-                    },
-                    StepCtx::Other,
-                );
+                    });
                 match r {
                     Some(Ok(Reply::Submitted(job))) => {
                         if self.c.inserted(job) {
@@ -1680,13 +1699,10 @@ impl Sim {
             }
             Arrival::Invalid { spec, what } => {
                 self.w.arrivals_done += 1;
-                let r = self.mill_input(
-                    MillInput::Submit {
+                let r = self.mill_input(MillInput::Submit {
                         spec,
                         submitted_at_ms: now / MS,
-                    },
-                    StepCtx::Other,
-                );
+                    });
                 let refused = matches!(r, Some(Err(RequestError::Spec(_))));
                 if !refused || self.step_outputs > 0 {
                     self.violate(Violation {

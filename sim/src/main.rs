@@ -14,6 +14,12 @@ use sim::report::{failure_report, REPORT_LINES};
 use sim::scenario::{scenario, scenarios, Scenario, SEC};
 use sim::trace::Trace;
 
+/// The simulator allocates and frees small maps and strings at a high rate (the core's
+/// messages and snapshots); mimalloc makes that about a fifth cheaper than the system
+/// allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "millrace-sim", about = "millrace's deterministic simulator", version)]
 struct Cli {
@@ -176,6 +182,14 @@ fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCod
             );
             println!("  fault families on: {}", o.plan.swarm);
             println!("  faults: {}", o.plan.faults.faults.len());
+            println!(
+                "  events {}, mill steps {}, executor steps {}, packets {}, violations observed {}",
+                o.stats.events,
+                o.stats.mill_steps,
+                o.stats.exec_steps,
+                o.stats.packets,
+                o.stats.violations
+            );
             ExitCode::SUCCESS
         }
         Some(_) => {

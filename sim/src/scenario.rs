@@ -180,7 +180,7 @@ pub fn scenarios() -> Vec<Scenario> {
             job_mean: 2 * SEC,
             job_max: 45 * SEC,
             seats: (3, 6),
-            codec_fraction: 1.0,
+            codec_fraction: 0.25,
             modes: [S; 12],
         },
         Scenario {

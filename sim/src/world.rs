@@ -2,7 +2,7 @@
 //! engines, the network and the workload's bookkeeping. This is the state that checkers
 //! read; `driver` changes it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use millrace_core::executor::{Executor, ExecutorConfig, ExecutorSnapshot};
 use millrace_core::mill::{Mill, MillConfig, MillSnapshot};
@@ -33,6 +33,9 @@ pub struct EngineJob {
     pub started: bool,
     /// `StopJob` came; the exit is scheduled.
     pub stopping: bool,
+    /// It ignores the stop and hangs until its (late) stopped exit: it will not run out
+    /// by itself either.
+    pub hung: bool,
 }
 
 /// One executor process and everything around it.
@@ -122,7 +125,7 @@ pub struct World {
     /// Arrivals handled (accepted, refused, or given up).
     pub arrivals_done: usize,
     /// Leases asked by the mill, from its `ReserveSeat`s (M30 bookkeeping).
-    pub leases: HashMap<LeaseId, LeaseInfo>,
+    pub leases: BTreeMap<LeaseId, LeaseInfo>,
     /// The latest ask sent to each executor.
     pub last_ask: Vec<Option<LeaseId>>,
     /// Node id → executor index.
