@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 pub const OUT_QUEUE: usize = 8192;
 
 /// Bytes read from a socket at once.
-const READ_CHUNK: usize = 64 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Frames written in one `write_all`, at most.
 const WRITE_BATCH: usize = 256;
@@ -123,7 +123,7 @@ async fn write_loop<Out: Serialize>(
     mut wr: OwnedWriteHalf,
     mut out: mpsc::Receiver<ConnOut<Out>>,
 ) -> Ended {
-    let mut frames = Vec::with_capacity(64 * 1024);
+    let mut frames = Vec::new();
     loop {
         let Some(first) = out.recv().await else {
             let _ = wr.shutdown().await;
@@ -156,7 +156,7 @@ async fn write_loop<Out: Serialize>(
             }
             frames.clear();
             if frames.capacity() > 4 * 1024 * 1024 {
-                frames = Vec::with_capacity(64 * 1024);
+                frames = Vec::new();
             }
         }
         if let Some(reason) = close {

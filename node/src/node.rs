@@ -228,7 +228,12 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
     let app = http::router(api);
     let mut http_shutdown = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
-        let serve = axum::serve(http_listener, app).with_graceful_shutdown(async move {
+        use axum::serve::ListenerExt;
+        // Small answers must not wait for Nagle and a delayed ACK.
+        let listener = http_listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = http_shutdown.wait_for(|s| *s).await;
         });
         if let Err(e) = serve.await {
