@@ -412,6 +412,15 @@ pub fn start_executor(
         .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
     let (name, seats) = parse_engine(&opts.engine)?;
     let (store, snapshot) = ExecStore::open(&opts.data)?;
+    let loopback_mill = opts
+        .mill
+        .parse::<SocketAddr>()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or_else(|_| opts.mill.starts_with("localhost:"));
+    if !loopback_mill {
+        tracing::warn!(mill = %opts.mill, "!!! connecting to a non-loopback mill WITHOUT TLS: the token and all traffic cross the network in clear text. !!!");
+        eprintln!("WARNING: millrace executor talks to {} without TLS; traffic and the token are in clear text.", opts.mill);
+    }
     if !snapshot.jobs.is_empty() {
         tracing::warn!(
             jobs = snapshot.jobs.len(),

@@ -612,6 +612,38 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
     let (_, text) = mill.api.get_raw("/metrics", true);
     assert!(!text.contains("millrace_hello_refused_total 0\n"), "{text}");
     assert!(!mill.api.connected("intruder"));
+
+    // Item 3: a frame over the limit, or a malformed one, closes that connection only.
+    let good = start_executor(
+        root.path(),
+        &mill,
+        "honest",
+        "",
+        1,
+        "2s",
+        &mill.data.join("token"),
+    );
+    wait_for("the honest executor", || {
+        mill.api.connected("honest").then_some(())
+    });
+    for bytes in [
+        vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3],
+        vec![0, 0, 0, 3, 0xee, 0xee, 0xee],
+    ] {
+        let mut s = std::net::TcpStream::connect(&mill.addrs.executor).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        std::io::Write::write_all(&mut s, &bytes).unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert_eq!(
+            n, 0,
+            "the mill should close a connection that sent {bytes:?}"
+        );
+    }
+    assert!(mill.api.connected("honest"));
+    let id = mill.api.submit(json!({"command": "true"}));
+    assert_eq!(mill.api.wait_done(id)["state"], "success");
+    drop(good);
 }
 
 /// (f) malformed HTTP bodies get 400 naming the field; unknown jobs 404; ended jobs 409.
