@@ -63,18 +63,14 @@ impl Proc {
         }
     }
 
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} failed");
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
+        nix::sys::signal::kill(pid, sig).unwrap();
     }
 
     /// SIGTERM and wait for a clean exit.
     fn stop(&mut self) -> std::process::ExitStatus {
-        self.signal("-TERM");
+        self.signal(nix::sys::signal::Signal::SIGTERM);
         let mut c = self.child.take().unwrap();
         let deadline = Instant::now() + TIMEOUT;
         loop {
@@ -328,7 +324,10 @@ fn read_pid(path: &Path) -> Option<i32> {
 
 fn kill_pid(pid: Option<i32>) {
     if let Some(p) = pid {
-        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -564,7 +563,7 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     let b_pid = wait_for("job b's pid", || read_pid(&pidfile));
     // Freeze the mill so nothing gets acked, let job a finish, and wait until its terminal
     // is in the executor's durable outbox (the job left the store's job table).
-    mill.proc.signal("-STOP");
+    mill.proc.signal(nix::sys::signal::Signal::SIGSTOP);
     std::fs::write(&gate, b"").unwrap();
     let db = root.path().join("x1").join("executor.db");
     wait_for("job a's terminal in the executor's outbox", || {
@@ -580,7 +579,7 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
         (jobs == 1 && outbox >= 1).then_some(())
     });
     x.kill9();
-    mill.proc.signal("-CONT");
+    mill.proc.signal(nix::sys::signal::Signal::SIGCONT);
     let _x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
     let va = mill.api.wait_done(a);
     assert_eq!(va["state"], "success", "{va}");
