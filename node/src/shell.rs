@@ -28,6 +28,8 @@ use crate::exec_driver::ExecCmd;
 const READ_CHUNK: usize = 32 * 1024;
 /// How long the log reader may take to finish after the job's group is gone.
 const READER_GRACE: Duration = Duration::from_secs(5);
+/// Largest log kept per job on the executor's disk; the rest of the output is discarded.
+const MAX_LOG: u64 = 1 << 30;
 /// Environment variable marking a job's processes with its lease (for restart cleanup).
 const LEASE_ENV: &str = "MILLRACE_LEASE_ID";
 
@@ -374,6 +376,7 @@ fn pump(
 ) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut written = 0u64;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
@@ -381,9 +384,25 @@ fn pump(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let chunk = buf.get(..n).unwrap_or_default();
+        if written >= MAX_LOG {
+            // Keep draining so the job does not block on a full pipe; keep nothing.
+            continue;
+        }
+        let mut chunk = buf.get(..n).unwrap_or_default();
+        let room = usize::try_from(MAX_LOG - written).unwrap_or(usize::MAX);
+        let cut = chunk.len() > room;
+        if cut {
+            chunk = chunk.get(..room).unwrap_or_default();
+        }
         log.write_all(chunk)?;
         hasher.update(chunk);
+        written += chunk.len() as u64;
+        if cut {
+            let marker = b"\n[millrace: log truncated at the executor's limit]\n";
+            log.write_all(marker)?;
+            hasher.update(marker);
+            written = MAX_LOG;
+        }
         let _ = tx.blocking_send(ExecCmd::Input(ExecutorInput::JobLog {
             lease,
             bytes: chunk.to_vec(),
