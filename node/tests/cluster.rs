@@ -191,7 +191,6 @@ impl Api {
         v["id"].as_u64().unwrap()
     }
 
-    #[allow(dead_code)]
     fn job(&self, id: u64) -> Value {
         let (s, v) = self.get(&format!("/v1/jobs/{id}"));
         assert_eq!(s, 200, "job {id}: {v}");
@@ -738,4 +737,35 @@ fn store_held_by_a_live_process_is_refused() {
     out.stderr.as_slice().read_to_string(&mut err).unwrap();
     assert!(err.contains("held by another live process"), "{err}");
     assert!(err.contains("mill.db"), "{err}");
+}
+
+/// Item 8: SIGTERM drains an executor — its running job finishes and its result reaches the
+/// mill before it exits cleanly — and stops the mill cleanly.
+#[test]
+fn h_sigterm_drains_the_executor_and_stops_the_mill_cleanly() {
+    let root = tempfile::tempdir().unwrap();
+    let mut mill = start_mill(root.path(), "2s", "127.0.0.1:0");
+    let tok = mill.data.join("token");
+    let mut x = start_executor(root.path(), &mill, "x1", "", 1, "2s", &tok);
+    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let id = mill
+        .api
+        .submit(json!({"command": "sleep 0.5; echo drained"}));
+    mill.api.wait_state(id, |s| s == "running", "running");
+    let status = x.stop();
+    assert!(status.success(), "executor exit {status:?}: {}", x.logs());
+    // The result was acked before the executor exited (the outbox is flushed in a drain).
+    let v = mill.api.job(id);
+    assert_eq!(v["state"], "success", "{v}");
+    let (_, log) = mill
+        .api
+        .get_raw(&format!("/v1/jobs/{id}/log"), true);
+    assert!(log.contains("drained"), "{log:?}");
+    let status = mill.proc.stop();
+    assert!(
+        status.success(),
+        "mill exit {status:?}: {}",
+        mill.proc.logs()
+    );
+    assert!(mill.proc.logs().contains("mill store closed"));
 }
