@@ -176,7 +176,8 @@ impl QuotaTally {
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     /// I1: an engine runs a job under a lease the mill has ended for at most this long before
-    /// it is told to stop: reconnect grace (self-fencing) + silence + cancel ack + slack.
+    /// it is told to stop: reconnect grace (self-fencing counts from the last word heard,
+    /// which may be a Welcome just before the mill's grace ran out) + silence + slack.
     pub stop: Micros,
     /// I9: a job may wait this long while a compatible executor idles.
     pub starve: Micros,

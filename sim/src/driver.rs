@@ -188,10 +188,7 @@ impl Sim {
             });
         }
         let bounds = Bounds {
-            stop: dur(mill_cfg.reconnect_grace)
-                + dur(mill_cfg.silence_timeout)
-                + dur(mill_cfg.cancel_ack_timeout)
-                + 10 * SEC,
+            stop: dur(mill_cfg.reconnect_grace) + dur(mill_cfg.silence_timeout) + 5 * SEC,
             starve: 2 * dur(mill_cfg.bid_timeout) + 2 * dur(mill_cfg.snapshot_interval) + 5 * SEC,
         };
         let arrivals = workload.arrivals.len();
@@ -1520,7 +1517,8 @@ impl Sim {
         let rounds = remaining as u64 / seats + 1;
         let per_round = self.w.scenario.job_max + 2 * dur(cfg.bid_timeout) + 5 * SEC;
         let last_arrival = self.w.workload.arrivals.last().map_or(0, |a| a.0);
-        let deadline = now.max(last_arrival) + recovery + rounds * per_round + 60 * SEC;
+        let long = crate::workload::LONG_JOBS * self.w.scenario.job_max;
+        let deadline = now.max(last_arrival) + recovery + rounds * per_round + long + 60 * SEC;
         self.deadline = Some(deadline);
         self.at(deadline, Ev::Deadline);
     }

@@ -469,7 +469,11 @@ impl FaultPlan {
         if let Some(i) = swarm.get(Family::Partition) {
             for _ in 0..count(rng, i, 50.0) {
                 let start = at(rng);
-                let len = if rng.chance(0.3) {
+                let roll = rng.unit();
+                let len = if roll < 0.1 {
+                    // Longer than grace + silence: only self-fencing (E12) stops the jobs.
+                    rng.range(120 * SEC, 240 * SEC)
+                } else if roll < 0.35 {
                     rng.range(40 * SEC, 90 * SEC)
                 } else {
                     rng.range(500 * MS, 20 * SEC)

@@ -282,10 +282,18 @@ fn invalid_spec(rng: &mut Rng, k: usize) -> (JobSpec, &'static str) {
     (s, what)
 }
 
-/// How long the engine of a job runs it: exponential around `mean`, a few long ones,
-/// bounded by `max`.
+/// The longest job runs this many times `Scenario::job_max`.
+pub const LONG_JOBS: u64 = 5;
+
+/// How long the engine of a job runs it: exponential around `mean` up to `max`, a few
+/// between `max / 2` and `max`, and one in fifty up to `LONG_JOBS × max`.
 pub fn job_duration(rng: &mut Rng, mean: Micros, max: Micros) -> Micros {
-    if rng.chance(0.03) {
+    let roll = rng.unit();
+    if roll < 0.02 {
+        // A long one, outliving partitions and grace periods (E12, M5).
+        return rng.range(max, LONG_JOBS * max);
+    }
+    if roll < 0.05 {
         return rng.range(max / 2, max);
     }
     (rng.exp(mean as f64) as Micros).clamp(20 * MS, max)
