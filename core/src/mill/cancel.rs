@@ -50,11 +50,11 @@ impl Mill {
         }
         match l.state {
             LeaseState::Reserved => {
-                // Releasing the seat ends the job. If a commit is already on its way, the
-                // executor may start the job before the release arrives, and a release never
-                // stops a running job (E8): send a cancel instead, which stops either.
+                // Releasing the seat ends the job. If a commit ever went out (even on an
+                // earlier connection), the executor may have started the job, and a release
+                // never stops a running job (E8): send a cancel instead, which stops either.
                 let node = l.node.clone();
-                let committing = l.commit_sent.is_some();
+                let committing = l.commit_out;
                 let mut t = Terminal::by_mill(status, why.clone());
                 t.node = Some(node.clone());
                 t.lease = Some(lease);

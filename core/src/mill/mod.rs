@@ -270,6 +270,9 @@ struct Lease {
     state: LeaseState,
     /// For a reserved lease: the connection the commit went on, and when to re-send it.
     commit_sent: Option<(ConnId, Time)>,
+    /// A `CommitLease` for it went out at least once: the node may be running it, and only
+    /// a cancel stops it (E8), even after a reconnect cleared `commit_sent`.
+    commit_out: bool,
     cancel: Option<LeaseCancel>,
 }
 

@@ -659,6 +659,7 @@ impl Mill {
                 resources: charge.clone(),
                 state: LeaseState::Reserved,
                 commit_sent: None,
+                commit_out: false,
                 cancel: None,
             },
         );
@@ -708,6 +709,7 @@ impl Mill {
         let due = self.now.plus(self.config.bid_timeout);
         if let Some(l) = self.leases.get_mut(&lease) {
             l.commit_sent = Some((conn, due));
+            l.commit_out = true;
         }
         self.arm(due, Timer::Commit(lease));
         self.send(

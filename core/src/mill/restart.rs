@@ -50,6 +50,7 @@ impl Mill {
                     resources: record.resources,
                     state: LeaseState::Running,
                     commit_sent: None,
+                    commit_out: true,
                     cancel: None,
                 },
             );

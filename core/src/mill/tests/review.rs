@@ -178,3 +178,33 @@ fn m15_i9_a_quota_grant_is_not_held_while_the_job_cannot_bid() {
         Some(JobState::Reserved { .. })
     ));
 }
+
+#[test]
+fn m26_i1_cancel_of_a_reserved_lease_whose_commit_went_out_before_a_reconnect_stops_it() {
+    // The commit reached the node, which started the job, but the connection broke before
+    // the answer came back. On reconnect the node reports the lease; a cancel still pending
+    // from the outage keeps it busy, so the commit is not re-sent yet. A user cancel now
+    // must stop the job: a release never stops a running one (E8).
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (first, l0) = h.run_on(a, spec());
+    let job = h.submit(spec());
+    let l1 = h.asks(a)[0];
+    h.accept(a, l1, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![l1]);
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    cancel(&mut h, first);
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[l0, l1]);
+    assert_eq!(h.cancels(a2), vec![l0], "the cancel that waited goes out");
+    cancel(&mut h, job);
+    assert_eq!(
+        h.terminal_of(job).unwrap().status,
+        TerminalStatus::Cancelled
+    );
+    assert!(
+        h.cancels(a2).contains(&l1),
+        "only a release was sent for a lease whose commit may have started it: {:?}",
+        h.sent(a2)
+    );
+}
