@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -232,7 +233,16 @@ fn spec_field(e: &SpecError) -> &'static str {
     }
 }
 
-async fn submit(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+/// The body, or a JSON error when it cannot be read (too large: 413).
+fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError::field(e.status(), e.body_text(), "body"))
+}
+
+async fn submit(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(body)?;
     let b: SubmitBody = parse_body(&body)?;
     if b.command.trim().is_empty() {
         return Err(ApiError::field(
@@ -434,8 +444,9 @@ async fn list(
 async fn cancel(
     State(api): State<Api>,
     Path(id): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = body_or_error(body)?;
     let job = parse_job(&id)?;
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]

@@ -666,6 +666,9 @@ fn f_malformed_bodies_get_400_naming_the_field() {
         assert_eq!(v["field"], field, "{body}: {v}");
         assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
     }
+    let huge = format!(r#"{{"command": "{}"}}"#, "x".repeat(600 * 1024));
+    let (s, v) = mill.api.post_raw("/v1/jobs", &huge);
+    assert_eq!((s, v["field"].as_str()), (413, Some("body")), "{v}");
     let (s, v) = mill.api.get("/v1/jobs/999");
     assert_eq!(s, 404, "{v}");
     let (s, v) = mill.api.get("/v1/jobs?state=bogus");
@@ -757,9 +760,7 @@ fn h_sigterm_drains_the_executor_and_stops_the_mill_cleanly() {
     // The result was acked before the executor exited (the outbox is flushed in a drain).
     let v = mill.api.job(id);
     assert_eq!(v["state"], "success", "{v}");
-    let (_, log) = mill
-        .api
-        .get_raw(&format!("/v1/jobs/{id}/log"), true);
+    let (_, log) = mill.api.get_raw(&format!("/v1/jobs/{id}/log"), true);
     assert!(log.contains("drained"), "{log:?}");
     let status = mill.proc.stop();
     assert!(
