@@ -20,6 +20,7 @@ mod session;
 mod store;
 #[cfg(test)]
 mod tests;
+mod view;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -27,6 +28,7 @@ use std::time::Duration;
 pub use config::{ConfigError, MillConfig};
 pub use placement::{RankIndex, RankKey};
 pub use store::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+pub use view::SessionView;
 
 use crate::job::{JobSpec, JobState, SpecError, Terminal};
 use crate::quota::QuotaLedger;
