@@ -296,7 +296,12 @@ impl Mill {
     /// fleet like any other job, without the grant, which would stall jobs of its scopes
     /// that could run elsewhere. Waiters granted by the release are placed in this step.
     fn drop_rebid_hold(&mut self, job: JobId) {
-        if self.jobs.get_mut(&job).and_then(|j| j.quota_held.take()).is_some() {
+        if self
+            .jobs
+            .get_mut(&job)
+            .and_then(|j| j.quota_held.take())
+            .is_some()
+        {
             self.release_quota(job, false);
         }
     }
