@@ -271,8 +271,8 @@ pub fn nodes(args: &ClientArgs) -> Result<(), ClientError> {
         return Err(fail(status, &v));
     }
     println!(
-        "{:<24} {:<12} {:>7} {:>8}",
-        "NODE", "STATE", "LEASES", "RUNNING"
+        "{:<24} {:<12} {:>5} {:>7} {:>8}  LABELS",
+        "NODE", "STATE", "SEATS", "LEASES", "RUNNING"
     );
     for n in v
         .get("nodes")
@@ -280,12 +280,21 @@ pub fn nodes(args: &ClientArgs) -> Result<(), ClientError> {
         .into_iter()
         .flatten()
     {
+        let labels: Vec<&str> = n
+            .get("labels")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
         println!(
-            "{:<24} {:<12} {:>7} {:>8}",
+            "{:<24} {:<12} {:>5} {:>7} {:>8}  {}",
             n.get("node").and_then(Value::as_str).unwrap_or("-"),
             n.get("state").and_then(Value::as_str).unwrap_or("-"),
+            n.get("capacity").and_then(Value::as_u64).unwrap_or(0),
             n.get("leases").and_then(Value::as_u64).unwrap_or(0),
             n.get("running").and_then(Value::as_u64).unwrap_or(0),
+            labels.join(",")
         );
     }
     Ok(())

@@ -233,7 +233,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let n = mill.handle.nodes().await.unwrap_or_default();
-        if n.iter().filter(|v| v.state == "connected").count() >= args.executors {
+        if n.iter().filter(|v| v.state == "ready").count() >= args.executors {
             break;
         }
         if Instant::now() > deadline {

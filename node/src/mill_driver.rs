@@ -86,8 +86,18 @@ pub enum MillCmd {
 pub struct NodeView {
     /// Its node id.
     pub node: String,
-    /// `connected`, `grace` (disconnected, leases kept) or `quarantined`.
+    /// `ready` (takes work), `connected` (not ready yet: reconciling or cancels pending),
+    /// `grace` (disconnected, leases kept) or `quarantined`.
     pub state: &'static str,
+    /// Its store epoch while it has a session, as a decimal string (u64 exceeds what JSON
+    /// numbers keep exactly in many clients).
+    pub epoch: Option<String>,
+    /// Labels it holds.
+    pub labels: Vec<String>,
+    /// Engines it offers.
+    pub engines: Vec<String>,
+    /// Seats in its latest snapshot.
+    pub capacity: u64,
     /// Leases it holds (reserved or running).
     pub leases: usize,
     /// Leases running on it.
@@ -416,12 +426,23 @@ impl Driver {
         }
         let mut out: Vec<NodeView> = self
             .mill
-            .sessions()
-            .map(|(node, connected)| {
-                let (n, running) = leases.get(node).copied().unwrap_or_default();
+            .session_views()
+            .map(|v| {
+                let (n, running) = leases.get(v.node).copied().unwrap_or_default();
+                let state = if v.ready {
+                    "ready"
+                } else if v.connected {
+                    "connected"
+                } else {
+                    "grace"
+                };
                 NodeView {
-                    node: node.to_string(),
-                    state: if connected { "connected" } else { "grace" },
+                    node: v.node.to_string(),
+                    state,
+                    epoch: Some(v.epoch.get().to_string()),
+                    labels: v.labels.iter().cloned().collect(),
+                    engines: v.engines.iter().cloned().collect(),
+                    capacity: v.capacity,
                     leases: n,
                     running,
                 }
@@ -432,6 +453,10 @@ impl Driver {
             out.push(NodeView {
                 node: node.to_string(),
                 state: "quarantined",
+                epoch: None,
+                labels: Vec::new(),
+                engines: Vec::new(),
+                capacity: 0,
                 leases: n,
                 running,
             });

@@ -216,7 +216,7 @@ impl Api {
         s == 200
             && v["nodes"].as_array().is_some_and(|ns| {
                 ns.iter()
-                    .any(|n| n["node"] == node && n["state"] == "connected")
+                    .any(|n| n["node"] == node && n["state"] == "ready")
             })
     }
 }
