@@ -301,6 +301,10 @@ struct Job {
     persisted_beyond_queued: bool,
     /// Its last bid found nobody; it waits until the fleet changes (never polls, M13).
     waits_for_change: Option<u64>,
+    /// Nodes that answered Incompatible, with the connection they answered on: while that
+    /// session lasts they are not asked again if another candidate can be (M13, I9) — an
+    /// ask would only hold their seat from jobs they can run.
+    incompatible: BTreeMap<NodeId, ConnId>,
 }
 
 /// The mill. See the module docs.
@@ -602,6 +606,7 @@ impl Mill {
                 quota_held: None,
                 persisted_beyond_queued: false,
                 waits_for_change: None,
+                incompatible: BTreeMap::new(),
             },
         );
         self.queue.insert(id);

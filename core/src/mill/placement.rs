@@ -274,6 +274,15 @@ impl Mill {
             candidates.clear();
             self.rank
                 .top(&j.spec.engine, &j.spec.labels, limit, &mut candidates);
+            let sessions = &self.sessions;
+            let said_never = |n: &NodeId| {
+                j.incompatible
+                    .get(n)
+                    .is_some_and(|c| sessions.get(n).and_then(|s| s.conn) == Some(*c))
+            };
+            if candidates.iter().any(|n| !said_never(n)) {
+                candidates.retain(|n| !said_never(n));
+            }
             if candidates.is_empty() {
                 exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
                 self.drop_rebid_hold(job);
@@ -486,6 +495,10 @@ impl Mill {
             match reject {
                 Some(RejectKind::Incompatible) => {
                     round.incompatible.push(reason(format!("{node}: {why}")));
+                    let conn = self.sessions.get(node).and_then(|s| s.conn);
+                    if let (Some(conn), Some(j)) = (conn, self.jobs.get_mut(&job)) {
+                        j.incompatible.insert(node.clone(), conn);
+                    }
                 }
                 Some(RejectKind::Transient) | None => round.soft_failure = true,
             }

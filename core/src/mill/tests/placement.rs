@@ -177,9 +177,44 @@ fn m13_a_busy_fleet_makes_the_job_wait_and_retry_on_change_never_by_polling() {
     // Time alone does not retry it.
     h.advance(SEC);
     assert!(h.asks(a).is_empty() && h.asks(b).is_empty());
-    // A snapshot (a change) does.
+    // A snapshot (a change) does; a, which can never run it, is not asked again.
     h.snapshot(b, 0.2, &[]);
-    assert_eq!(h.asks(a).len() + h.asks(b).len(), 2);
+    assert_eq!(h.asks(b).len(), 1);
+    assert!(h.asks(a).is_empty());
+}
+
+#[test]
+fn m13_a_node_that_said_incompatible_is_not_asked_again_while_another_can_be() {
+    // Found by the simulator (byzantine seed 5910): an older job kept re-asking the only
+    // free seat of a node that could never run it, so a younger job that node could run
+    // waited while it idled (I9).
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.1);
+    let old = h.submit(spec());
+    let (la, lb) = (h.asks(a)[0], h.asks(b)[0]);
+    h.reject(a, la, RejectKind::Incompatible, "not this image");
+    h.reject(b, lb, RejectKind::Transient, "busy");
+    let young = h.submit(spec());
+    let to_a: Vec<JobId> = h
+        .sent(a)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToExecutor::ReserveSeat { job, .. } => Some(job),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(to_a, vec![young], "only the job a can run is asked there");
+    assert_eq!(h.mill.job_state(old), Some(JobState::Queued));
+    // A new session of a may run another config: then it is asked again.
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    let a2 = h.ready("a", 0.0);
+    h.snapshot(b, 0.3, &[]);
+    let asked_again = h
+        .sent(a2)
+        .iter()
+        .any(|m| matches!(m, ToExecutor::ReserveSeat { job, .. } if *job == old));
+    assert!(asked_again, "{:?}", h.out);
 }
 
 #[test]
