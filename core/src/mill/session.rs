@@ -27,6 +27,10 @@ pub(super) struct Session {
     pub(super) reconciled: bool,
     /// Grace deadline while recovering (M4–M6), or while leases of an older epoch wait.
     pub(super) grace: Option<Time>,
+    /// When the current recovery began (the disconnect, or the mill's restart): M6 may
+    /// extend grace to at most twice `reconnect_grace` from here, so a node that trickles
+    /// events without ever finishing recovery cannot keep its leases forever (I9).
+    pub(super) recovery_since: Option<Time>,
     /// Cancels sent and not yet acked, with their ack deadlines (M8, M26, M27).
     pub(super) pending_cancels: BTreeMap<LeaseId, Time>,
     /// Seats the mill holds on this node per engine: asks in flight, strays and leases.
@@ -47,6 +51,7 @@ impl Session {
             snapshot: None,
             reconciled: false,
             grace: None,
+            recovery_since: None,
             pending_cancels: BTreeMap::new(),
             held: BTreeMap::new(),
             terminated: BTreeSet::new(),
@@ -83,6 +88,7 @@ impl Mill {
         let mut s = Session::new(epoch, self.now);
         let grace = self.now.plus(self.config.reconnect_grace);
         s.grace = Some(grace);
+        s.recovery_since = Some(self.now);
         self.sessions.insert(node.clone(), s);
         self.arm(grace, Timer::Grace(node.clone()));
     }
@@ -272,6 +278,7 @@ impl Mill {
                     return self.refuse(conn, format!("node {node} already has a live session"));
                 }
                 let carried = old.grace;
+                let since = old.recovery_since.unwrap_or(self.now);
                 if let Some(old_conn) = old.conn {
                     self.conns.remove(&old_conn);
                     self.emit(MillOutput::Close {
@@ -280,7 +287,10 @@ impl Mill {
                     });
                     self.detach(&node);
                 }
-                Some(carried.unwrap_or_else(|| self.now.plus(self.config.reconnect_grace)))
+                Some((
+                    carried.unwrap_or_else(|| self.now.plus(self.config.reconnect_grace)),
+                    since,
+                ))
             }
             None => {
                 if self.sessions.len() >= self.config.max_sessions {
@@ -301,13 +311,14 @@ impl Mill {
         s.conn = Some(conn);
         s.labels = labels.into_iter().collect();
         s.engines = engines.into_iter().collect();
-        s.grace = grace;
+        s.grace = grace.map(|(g, _)| g);
+        s.recovery_since = grace.map(|(_, since)| since);
         s.held = held;
         self.sessions.insert(node.clone(), s);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.node = Some(node.clone());
         }
-        if let Some(g) = grace {
+        if let Some((g, _)) = grace {
             self.arm(g, Timer::Grace(node.clone()));
         }
         let at = self.now.plus(self.config.silence_timeout);
@@ -330,6 +341,9 @@ impl Mill {
         s.reconciled = false;
         s.snapshot = None;
         let pending: Vec<LeaseId> = std::mem::take(&mut s.pending_cancels).into_keys().collect();
+        if s.grace.is_none() {
+            s.recovery_since = Some(now);
+        }
         let grace = *s.grace.get_or_insert(now.plus(grace_len));
         self.arm(grace, Timer::Grace(node.clone()));
         // Tracked cancels go out again when the node is ready; untracked ones are found again
@@ -435,6 +449,7 @@ impl Mill {
             }
             if let Some(s) = self.sessions.get_mut(&node) {
                 s.grace = None;
+                s.recovery_since = None;
             }
             return;
         }
@@ -473,15 +488,20 @@ impl Mill {
         self.end_lease(id, Some(t));
     }
 
-    /// M6: events applied while recovering push the grace deadline out, never in.
+    /// M6: events applied while recovering push the grace deadline out, never in, and never
+    /// past twice `reconnect_grace` from the start of the recovery (I9: a bound on how long a
+    /// node that never completes recovery keeps its leases).
     pub(super) fn extend_grace(&mut self, node: &NodeId) {
-        let extended = self.now.plus(self.config.reconnect_grace);
+        let grace_len = self.config.reconnect_grace;
+        let now = self.now;
         let Some(s) = self.sessions.get_mut(node) else {
             return;
         };
         if s.ready() {
             return;
         }
+        let cap = s.recovery_since.unwrap_or(now).plus(grace_len * 2);
+        let extended = now.plus(grace_len).min(cap);
         if let Some(g) = s.grace.as_mut() {
             if extended > *g {
                 *g = extended;
@@ -631,6 +651,7 @@ impl Mill {
         if !old_epoch_waits {
             if let Some(s) = self.sessions.get_mut(node) {
                 s.grace = None;
+                s.recovery_since = None;
             }
         }
         for id in ids {
