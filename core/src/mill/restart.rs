@@ -86,7 +86,7 @@ impl Mill {
                     quota_held: None,
                     persisted_beyond_queued: lease.is_some(),
                     waits_for_change: None,
-                    incompatible: BTreeMap::new(),
+                    incompatible: std::collections::BTreeMap::new(),
                 },
             );
             if lease.is_none() {

@@ -205,15 +205,25 @@ fn m13_a_node_that_said_incompatible_is_not_asked_again_while_another_can_be() {
         })
         .collect();
     assert_eq!(to_a, vec![young], "only the job a can run is asked there");
+    let old_at_b = h.sent(b).into_iter().find_map(|m| match m {
+        ToExecutor::ReserveSeat { lease, job, .. } if job == old => Some(lease),
+        _ => None,
+    });
+    h.reject(b, old_at_b.unwrap(), RejectKind::Transient, "busy");
     assert_eq!(h.mill.job_state(old), Some(JobState::Queued));
     // A new session of a may run another config: then it is asked again.
+    let ask_of = |h: &H, conn: ConnId, wanted: JobId| {
+        h.sent(conn).into_iter().find_map(|m| match m {
+            ToExecutor::ReserveSeat { lease, job, .. } if job == wanted => Some(lease),
+            _ => None,
+        })
+    };
     h.input(MillInput::Disconnected { conn: a }).unwrap();
+    let again_at_b = ask_of(&h, b, old).unwrap();
     let a2 = h.ready("a", 0.0);
-    h.snapshot(b, 0.3, &[]);
-    let asked_again = h
-        .sent(a2)
-        .iter()
-        .any(|m| matches!(m, ToExecutor::ReserveSeat { job, .. } if *job == old));
+    h.reject(b, again_at_b, RejectKind::Transient, "busy");
+    h.snapshot(a2, 0.0, &[]);
+    let asked_again = ask_of(&h, a2, old).is_some();
     assert!(asked_again, "{:?}", h.out);
 }
 
