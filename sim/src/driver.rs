@@ -1504,8 +1504,19 @@ impl Sim {
             + dur(cfg.cancel_ack_timeout)
             + dur(cfg.cancel_teardown_timeout)
             + 40 * SEC;
-        let remaining = self.c.open_jobs().len()
-            + self.w.workload.arrivals.len().saturating_sub(self.w.arrivals_done);
+        // Jobs left: accepted and open, or not yet submitted. Quota serialises a scope's
+        // jobs: a scope with a `jobs` limit of k runs at most k at a time.
+        let mut left: Vec<&millrace_core::Identity> = Vec::new();
+        for job in self.c.open_jobs() {
+            if let Some(r) = self.w.mill_store.jobs.get(&job) {
+                left.push(&r.spec.identity);
+            }
+        }
+        for (_, a) in &self.w.workload.arrivals[self.w.arrivals_done.min(self.w.workload.arrivals.len())..] {
+            if let Arrival::Job { spec, .. } = a {
+                left.push(&spec.identity);
+            }
+        }
         let seats: u64 = self
             .w
             .execs
@@ -1514,10 +1525,23 @@ impl Sim {
             .map(|p| p.cfg.total_capacity())
             .sum::<u64>()
             .max(1);
-        let rounds = remaining as u64 / seats + 1;
+        let mut rounds = left.len() as u64 / seats + 1;
+        let quota = &cfg.quota;
+        let mut per_scope: BTreeMap<millrace_core::quota::Scope, u64> = BTreeMap::new();
+        for id in &left {
+            for scope in millrace_core::quota::Scope::of(id) {
+                *per_scope.entry(scope).or_insert(0) += 1;
+            }
+        }
+        for (scope, n) in per_scope {
+            if let Some(limit) = quota.limit(&scope, "jobs") {
+                rounds = rounds.max(n / limit.max(1) + 1);
+            }
+        }
         let per_round = self.w.scenario.job_max + 2 * dur(cfg.bid_timeout) + 5 * SEC;
         let last_arrival = self.w.workload.arrivals.last().map_or(0, |a| a.0);
-        let long = crate::workload::LONG_JOBS * self.w.scenario.job_max;
+        // Long jobs (one in fifty) may fall in the longest chain too.
+        let long = crate::workload::LONG_JOBS * self.w.scenario.job_max * (1 + rounds / 25);
         let deadline = now.max(last_arrival) + recovery + rounds * per_round + long + 60 * SEC;
         self.deadline = Some(deadline);
         self.at(deadline, Ev::Deadline);
