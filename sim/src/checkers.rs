@@ -522,7 +522,11 @@ impl Checker {
                 format!("cursor of ({node}, {epoch}) moved by a batch of x{exec} {batch_epoch}"),
             );
         }
-        let prev = self.cursors.get(&(exec, epoch)).copied().unwrap_or_default();
+        let prev = self
+            .cursors
+            .get(&(exec, epoch))
+            .copied()
+            .unwrap_or_default();
         if seqno <= prev {
             return fail(
                 "I4",
@@ -530,7 +534,11 @@ impl Checker {
             );
         }
         let mut expect = prev.get() + 1;
-        for e in ctx.events.iter().filter(|e| e.seqno > prev && e.seqno <= seqno) {
+        for e in ctx
+            .events
+            .iter()
+            .filter(|e| e.seqno > prev && e.seqno <= seqno)
+        {
             if e.seqno.get() != expect {
                 break;
             }
@@ -549,7 +557,11 @@ impl Checker {
             // What is applied is what the executor appended (the batch passed through
             // unchanged: its events were checked against the appends when sent, E5).
             let history = self.history.get(&(exec, epoch));
-            for e in ctx.events.iter().filter(|e| e.seqno > prev && e.seqno <= seqno) {
+            for e in ctx
+                .events
+                .iter()
+                .filter(|e| e.seqno > prev && e.seqno <= seqno)
+            {
                 let appended = history
                     .and_then(|h| h.get(e.seqno.get() as usize - 1))
                     .map(EventSummary::of);
@@ -570,7 +582,10 @@ impl Checker {
 
     /// The durable cursor of executor `exec`'s `epoch`, as the checker saw it written.
     pub fn cursor(&self, exec: usize, epoch: Epoch) -> Seqno {
-        self.cursors.get(&(exec, epoch)).copied().unwrap_or_default()
+        self.cursors
+            .get(&(exec, epoch))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// I5: a new durable lease adds its charge to both of its job's scopes; none may pass
@@ -589,7 +604,10 @@ impl Checker {
             return Ok(Vec::new());
         }
         let Some(job) = w.mill_store.jobs.get(&r.job) else {
-            return fail("I5", format!("durable lease {} of unknown {}", r.lease, r.job));
+            return fail(
+                "I5",
+                format!("durable lease {} of unknown {}", r.lease, r.job),
+            );
         };
         let id = &job.spec.identity;
         let mut charge = Vec::with_capacity(2 * r.resources.len());
@@ -633,7 +651,10 @@ impl Checker {
         let mut usage: Vec<((bool, &str, &str), u64)> = Vec::new();
         for l in w.mill_store.leases.values() {
             let Some(job) = w.mill_store.jobs.get(&l.job) else {
-                return fail("I5", format!("durable lease {} of unknown {}", l.lease, l.job));
+                return fail(
+                    "I5",
+                    format!("durable lease {} of unknown {}", l.lease, l.job),
+                );
             };
             let id = &job.spec.identity;
             for scope in [(false, id.owner.as_str()), (true, id.repo.as_str())] {
@@ -708,17 +729,26 @@ impl Checker {
                 if *lease >= w.mill_store.lease_floor {
                     return fail(
                         "persist-before-send",
-                        format!("ReserveSeat {lease} sent above the durable lease floor {} (M30)", w.mill_store.lease_floor),
+                        format!(
+                            "ReserveSeat {lease} sent above the durable lease floor {} (M30)",
+                            w.mill_store.lease_floor
+                        ),
                     );
                 }
                 if let Some(old) = w.leases.get(lease) {
                     return fail(
                         "I1",
-                        format!("lease id {lease} asked twice: {} of x{} and {job} of x{exec} (M30)", old.job, old.exec),
+                        format!(
+                            "lease id {lease} asked twice: {} of x{} and {job} of x{exec} (M30)",
+                            old.job, old.exec
+                        ),
                     );
                 }
                 if self.quarantined.contains(&p.node) {
-                    return fail("I8", format!("quarantined {} asked to reserve {lease} for {job}", p.node));
+                    return fail(
+                        "I8",
+                        format!("quarantined {} asked to reserve {lease} for {job}", p.node),
+                    );
                 }
                 compatible("I7", exec, p, spec, *job)?;
             }
@@ -731,11 +761,16 @@ impl Checker {
                 if !stored {
                     return fail(
                         "persist-before-send",
-                        format!("CommitLease {lease} to x{exec} before the lease was durable (M16)"),
+                        format!(
+                            "CommitLease {lease} to x{exec} before the lease was durable (M16)"
+                        ),
                     );
                 }
                 if self.quarantined.contains(&p.node) {
-                    return fail("I8", format!("quarantined {} sent CommitLease {lease}", p.node));
+                    return fail(
+                        "I8",
+                        format!("quarantined {} sent CommitLease {lease}", p.node),
+                    );
                 }
             }
             ToExecutor::Ack { epoch, up_to } => {
@@ -759,7 +794,10 @@ impl Checker {
                 if *cursor > durable {
                     return fail(
                         "I4",
-                        format!("Welcome to {} with cursor {cursor} beyond every durable cursor", p.node),
+                        format!(
+                            "Welcome to {} with cursor {cursor} beyond every durable cursor",
+                            p.node
+                        ),
                     );
                 }
             }
@@ -826,7 +864,10 @@ impl Checker {
                     if appended != Some(ev) {
                         return fail(
                             "persist-before-send",
-                            format!("x{exec} sent event {} of {e} that it had not persisted (E5)", ev.seqno),
+                            format!(
+                                "x{exec} sent event {} of {e} that it had not persisted (E5)",
+                                ev.seqno
+                            ),
                         );
                     }
                 }
@@ -834,21 +875,18 @@ impl Checker {
             ToMill::CommitResult {
                 lease,
                 committed: true,
-            } => {
-                if !self.committed.contains(&(exec, epoch, *lease)) {
-                    return fail(
-                        "persist-before-send",
-                        format!("x{exec} answered committed for {lease} without a durable commit (E4)"),
-                    );
-                }
+            } if !self.committed.contains(&(exec, epoch, *lease)) => {
+                return fail(
+                    "persist-before-send",
+                    format!("x{exec} answered committed for {lease} without a durable commit (E4)"),
+                );
             }
             ToMill::Snapshot { active_leases, .. } => {
                 let Some(x) = &p.exec else {
                     return Ok(());
                 };
-                let held = x.reserved_leases().count()
-                    + x.running_leases().count()
-                    + p.store.outbox.len();
+                let held =
+                    x.reserved_leases().count() + x.running_leases().count() + p.store.outbox.len();
                 if held <= MAX_ACTIVE_LEASES {
                     let reported = |l: &LeaseId| active_leases.contains(l);
                     let mut owed = x
@@ -910,14 +948,20 @@ impl Checker {
         if let Some(run) = self.runs.get(&lease) {
             return fail(
                 "I1",
-                format!("{lease} started twice: on x{} and on x{exec} (E4)", run.exec),
+                format!(
+                    "{lease} started twice: on x{} and on x{exec} (E4)",
+                    run.exec
+                ),
             );
         }
         let cap = p.cfg.total_capacity() as usize;
         if p.engine.len() > cap {
             return fail(
                 "I6",
-                format!("x{exec}'s engine runs {} jobs, capacity {cap}", p.engine.len()),
+                format!(
+                    "x{exec}'s engine runs {} jobs, capacity {cap}",
+                    p.engine.len()
+                ),
             );
         }
         self.runs.insert(
@@ -970,7 +1014,10 @@ impl Checker {
             let mut jobs = BTreeSet::new();
             for (lease, job, ..) in m.leases() {
                 if !jobs.insert(job) {
-                    return fail("I1", format!("the mill holds two leases for {job} (one is {lease})"));
+                    return fail(
+                        "I1",
+                        format!("the mill holds two leases for {job} (one is {lease})"),
+                    );
                 }
             }
         }
@@ -1033,9 +1080,10 @@ impl Checker {
                 let Some(spec) = w.mill_store.jobs.get(&job).map(|r| &r.spec) else {
                     continue;
                 };
-                let fits = idle
-                    .iter()
-                    .any(|&i| compatible("I9", i, &w.execs[i], spec, job).is_ok() && fits_engine(&w.execs[i], spec));
+                let fits = idle.iter().any(|&i| {
+                    compatible("I9", i, &w.execs[i], spec, job).is_ok()
+                        && fits_engine(&w.execs[i], spec)
+                });
                 if fits {
                     let since = self.starving_since.get(&job).copied().unwrap_or(w.now);
                     if w.now.saturating_sub(since) > self.bounds.starve {
@@ -1064,14 +1112,20 @@ impl Checker {
         }
         for job in self.terminals.keys() {
             if !self.inserted.contains(job) {
-                return fail("I2", format!("terminal for {job}, which was never accepted"));
+                return fail(
+                    "I2",
+                    format!("terminal for {job}, which was never accepted"),
+                );
             }
         }
         let Some(mill) = &w.mill else {
             return fail("I9", "the mill is down at the end".into());
         };
         if let Some((lease, job, node, ..)) = mill.leases().next() {
-            return fail("I6", format!("the mill still holds {lease} of {job} on {node}"));
+            return fail(
+                "I6",
+                format!("the mill still holds {lease} of {job} on {node}"),
+            );
         }
         if !w.mill_store.leases.is_empty() || !w.mill_store.jobs.is_empty() {
             return fail(
@@ -1087,7 +1141,10 @@ impl Checker {
             return fail("I5", format!("quota still held for {job} at quiescence"));
         }
         if mill.quota().waiting() > 0 || !w.mill_store.quota_holds.is_empty() {
-            return fail("I5", "quota waiters or durable holds remain at quiescence".into());
+            return fail(
+                "I5",
+                "quota waiters or durable holds remain at quiescence".into(),
+            );
         }
         for (i, p) in w.execs.iter().enumerate() {
             let Some(x) = &p.exec else {
@@ -1106,7 +1163,10 @@ impl Checker {
             if !p.honest() && !quarantined {
                 return fail(
                     "I8",
-                    format!("misbehaving x{i} ({}) was never quarantined", p.spec.byzantine.map_or("", |k| k.name())),
+                    format!(
+                        "misbehaving x{i} ({}) was never quarantined",
+                        p.spec.byzantine.map_or("", |k| k.name())
+                    ),
                 );
             }
             if p.honest() && quarantined {
@@ -1115,7 +1175,10 @@ impl Checker {
             if p.honest() && !p.store.outbox.is_empty() {
                 return fail(
                     "I4",
-                    format!("x{i}'s outbox still holds {} unacked events", p.store.outbox.len()),
+                    format!(
+                        "x{i}'s outbox still holds {} unacked events",
+                        p.store.outbox.len()
+                    ),
                 );
             }
         }
@@ -1135,7 +1198,10 @@ fn compatible(
     job: JobId,
 ) -> Result<(), Violation> {
     if !p.cfg.engines.contains_key(&spec.engine) {
-        return fail(rule, format!("{job} needs engine {}, which x{exec} lacks", spec.engine));
+        return fail(
+            rule,
+            format!("{job} needs engine {}, which x{exec} lacks", spec.engine),
+        );
     }
     if let Some(l) = spec.labels.iter().find(|l| !p.cfg.labels.contains(*l)) {
         return fail(rule, format!("{job} needs label {l}, which x{exec} lacks"));

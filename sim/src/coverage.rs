@@ -164,7 +164,11 @@ impl Coverage {
 impl fmt::Display for Coverage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for p in Path::ALL {
-            let required = if Path::REQUIRED.contains(&p) { "*" } else { " " };
+            let required = if Path::REQUIRED.contains(&p) {
+                "*"
+            } else {
+                " "
+            };
             writeln!(f, "  {required} {:>8}  {}", self.get(p), p.name())?;
         }
         Ok(())

@@ -9,11 +9,15 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use millrace_core::codec;
-use millrace_core::executor::{Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot};
+use millrace_core::executor::{
+    Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot,
+};
 use millrace_core::job::{LogRef, TerminalStatus};
-use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError};
-use millrace_core::JobState;
+use millrace_core::mill::{
+    Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError,
+};
 use millrace_core::wire::{ToExecutor, ToMill};
+use millrace_core::JobState;
 use millrace_core::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 
 use crate::byzantine::{ByzCtx, Byzantine};
@@ -41,15 +45,37 @@ enum Exit {
 enum Ev {
     MillTick,
     ExecTick(usize),
-    Pump { conn: ConnId, up: bool },
-    ConnectTimeout { exec: usize, conn: ConnId },
-    ResetNotify { conn: ConnId, to_mill: bool },
-    EngineStart { exec: usize, inc: u32, lease: LeaseId },
-    EngineExit { exec: usize, inc: u32, lease: LeaseId, how: Exit },
+    Pump {
+        conn: ConnId,
+        up: bool,
+    },
+    ConnectTimeout {
+        exec: usize,
+        conn: ConnId,
+    },
+    ResetNotify {
+        conn: ConnId,
+        to_mill: bool,
+    },
+    EngineStart {
+        exec: usize,
+        inc: u32,
+        lease: LeaseId,
+    },
+    EngineExit {
+        exec: usize,
+        inc: u32,
+        lease: LeaseId,
+        how: Exit,
+    },
     Arrive(usize),
     UserCancel(usize),
     Fault(usize),
-    Unblock { side: Vec<usize>, up: bool, down: bool },
+    Unblock {
+        side: Vec<usize>,
+        up: bool,
+        down: bool,
+    },
     SpikeEnd(Micros),
     CrashDeadline(Proc),
     Restart(Proc),
@@ -159,7 +185,8 @@ impl Sim {
         let mut execs = Vec::with_capacity(n);
         let mut index = BTreeMap::new();
         for (i, spec) in workload.fleet.iter().enumerate() {
-            let node = NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
+            let node =
+                NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
             index.insert(node.clone(), i);
             let mut cfg = ExecutorConfig::new(node.clone(), "sim-token");
             cfg.labels = spec.labels.clone();
@@ -376,9 +403,9 @@ impl Sim {
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     let _ = self.mill_input(MillInput::Cancel {
-                            job,
-                            reason: "cancelled by its user".into(),
-                        });
+                        job,
+                        reason: "cancelled by its user".into(),
+                    });
                 }
             }
             Ev::Fault(k) => {
@@ -437,7 +464,8 @@ impl Sim {
                     let r = self.c.quiescent(&self.w);
                     self.check(r);
                     self.done = true;
-                    self.trace.line(now, "sim", |s| s.push_str("quiescent: done"));
+                    self.trace
+                        .line(now, "sim", |s| s.push_str("quiescent: done"));
                     return;
                 }
                 self.at(now + SEC, Ev::Sample);
@@ -456,7 +484,8 @@ impl Sim {
             return None;
         };
         if self.trace.enabled() {
-            self.trace.line(now, "mill", |s| trace::mill_input(s, &input));
+            self.trace
+                .line(now, "mill", |s| trace::mill_input(s, &input));
         }
         let reply = mill.handle(t(now), input);
         self.stats.mill_steps += 1;
@@ -575,7 +604,10 @@ impl Sim {
             MillOutput::Send { conn, msg } => {
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
-                if let ToExecutor::ReserveSeat { lease, job, spec, .. } = &msg {
+                if let ToExecutor::ReserveSeat {
+                    lease, job, spec, ..
+                } = &msg
+                {
                     if let Some(exec) = self.w.exec_of_conn(conn) {
                         self.w.leases.insert(
                             *lease,
@@ -632,7 +664,9 @@ impl Sim {
                         if self.w.execs[i].honest() {
                             self.violate(Violation {
                                 rule: "I8",
-                                message: format!("honest {node} charged with a violation: {reason}"),
+                                message: format!(
+                                    "honest {node} charged with a violation: {reason}"
+                                ),
                             });
                         }
                     }
@@ -770,7 +804,11 @@ impl Sim {
     }
 
     fn schedule_exec_tick(&mut self, i: usize) {
-        let Some(d) = self.w.execs[i].exec.as_ref().and_then(|x| x.next_deadline()) else {
+        let Some(d) = self.w.execs[i]
+            .exec
+            .as_ref()
+            .and_then(|x| x.next_deadline())
+        else {
             return;
         };
         let d = d.as_micros().max(self.w.now);
@@ -892,7 +930,14 @@ impl Sim {
                     let d = job_duration(rng, self.w.scenario.job_mean, self.w.scenario.job_max);
                     let success = rng.chance(0.85);
                     let code = if success { 0 } else { rng.range(1, 255) as i32 };
-                    self.at(start, Ev::EngineStart { exec: i, inc, lease });
+                    self.at(
+                        start,
+                        Ev::EngineStart {
+                            exec: i,
+                            inc,
+                            lease,
+                        },
+                    );
                     self.at(
                         start + d,
                         Ev::EngineExit {
@@ -951,7 +996,10 @@ impl Sim {
         p.engine.remove(&lease);
         let log = Some(LogRef {
             path: LogRef::path_for(lease),
-            hash: format!("sha256:{:064x}", u128::from(lease.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            hash: format!(
+                "sha256:{:064x}",
+                u128::from(lease.get()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ),
         });
         let input = match how {
             Exit::Natural { success, code } => {
@@ -1009,7 +1057,11 @@ impl Sim {
             return;
         }
         let blocked = {
-            let b = if up { &self.w.net.blocks.up } else { &self.w.net.blocks.down };
+            let b = if up {
+                &self.w.net.blocks.up
+            } else {
+                &self.w.net.blocks.down
+            };
             b[exec] > 0
         };
         let Some(c) = self.w.net.conns.get_mut(&conn) else {
@@ -1103,7 +1155,9 @@ impl Sim {
                             other => {
                                 self.violate(Violation {
                                     rule: "codec",
-                                    message: format!("frame from x{exec} on {conn} did not decode: {other:?}"),
+                                    message: format!(
+                                        "frame from x{exec} on {conn} did not decode: {other:?}"
+                                    ),
                                 });
                                 return;
                             }
@@ -1185,7 +1239,9 @@ impl Sim {
                             other => {
                                 self.violate(Violation {
                                     rule: "codec",
-                                    message: format!("frame to x{exec} on {conn} did not decode: {other:?}"),
+                                    message: format!(
+                                        "frame to x{exec} on {conn} did not decode: {other:?}"
+                                    ),
                                 });
                                 return;
                             }
@@ -1259,7 +1315,8 @@ impl Sim {
 
     fn fault(&mut self, fault: Fault) {
         let now = self.w.now;
-        self.trace.line(now, "net", |s| s.push_str(&format!("fault: {fault}")));
+        self.trace
+            .line(now, "net", |s| s.push_str(&format!("fault: {fault}")));
         match fault {
             Fault::Partition {
                 side,
@@ -1385,10 +1442,15 @@ impl Sim {
 
     fn restart_mill(&mut self) {
         let now = self.w.now;
-        self.trace.line(now, "mill", |s| s.push_str("!! restart from store"));
+        self.trace
+            .line(now, "mill", |s| s.push_str("!! restart from store"));
         self.w.mill_restart_at = None;
         self.w.mill_host_down = false;
-        match Mill::new(self.w.mill_cfg.clone(), Some(self.w.mill_store.clone()), t(now)) {
+        match Mill::new(
+            self.w.mill_cfg.clone(),
+            Some(self.w.mill_store.clone()),
+            t(now),
+        ) {
             Ok(m) => self.w.mill = Some(m),
             Err(e) => {
                 return self.violate(Violation {
@@ -1478,9 +1540,17 @@ impl Sim {
 
     fn heal(&mut self) {
         let now = self.w.now;
-        self.trace.line(now, "net", |s| s.push_str("heal: faults stop"));
+        self.trace
+            .line(now, "net", |s| s.push_str("heal: faults stop"));
         self.w.healed = true;
-        for b in self.w.net.blocks.up.iter_mut().chain(self.w.net.blocks.down.iter_mut()) {
+        for b in self
+            .w
+            .net
+            .blocks
+            .up
+            .iter_mut()
+            .chain(self.w.net.blocks.down.iter_mut())
+        {
             *b = 0;
         }
         self.w.net.spike = 0;
@@ -1512,7 +1582,9 @@ impl Sim {
                 left.push(&r.spec.identity);
             }
         }
-        for (_, a) in &self.w.workload.arrivals[self.w.arrivals_done.min(self.w.workload.arrivals.len())..] {
+        for (_, a) in
+            &self.w.workload.arrivals[self.w.arrivals_done.min(self.w.workload.arrivals.len())..]
+        {
             if let Arrival::Job { spec, .. } = a {
                 left.push(&spec.identity);
             }
@@ -1574,12 +1646,9 @@ impl Sim {
     fn stuck(&mut self) {
         let mut lines = Vec::new();
         for job in self.c.open_jobs().into_iter().take(10) {
-            let state = self
-                .w
-                .mill
-                .as_ref()
-                .and_then(|m| m.job_state(job))
-                .map_or("(mill down or unknown)".to_string(), |s| {
+            let state = self.w.mill.as_ref().and_then(|m| m.job_state(job)).map_or(
+                "(mill down or unknown)".to_string(),
+                |s| {
                     let mut out = String::new();
                     match &s {
                         millrace_core::JobState::Queued => out.push_str("queued"),
@@ -1592,7 +1661,8 @@ impl Sim {
                         millrace_core::JobState::Done(t) => trace::terminal(&mut out, t),
                     }
                     out
-                });
+                },
+            );
             let waiting = self
                 .w
                 .mill
@@ -1603,7 +1673,12 @@ impl Sim {
                 .mill_store
                 .jobs
                 .get(&job)
-                .map(|r| format!("{} labels={:?} res={:?}", r.spec.engine, r.spec.labels, r.spec.resources))
+                .map(|r| {
+                    format!(
+                        "{} labels={:?} res={:?}",
+                        r.spec.engine, r.spec.labels, r.spec.resources
+                    )
+                })
                 .unwrap_or_default();
             lines.push(format!(
                 "{job}: {state}{} ({spec})",
@@ -1630,8 +1705,12 @@ impl Sim {
                 match &p.exec {
                     None => detail.push_str(&format!(" x{i} down;")),
                     Some(x) => {
-                        let r: Vec<LeaseId> = x.reserved_leases().chain(x.running_leases()).collect();
-                        if !r.is_empty() || (!q && !p.store.outbox.is_empty()) || !p.engine.is_empty() {
+                        let r: Vec<LeaseId> =
+                            x.reserved_leases().chain(x.running_leases()).collect();
+                        if !r.is_empty()
+                            || (!q && !p.store.outbox.is_empty())
+                            || !p.engine.is_empty()
+                        {
                             detail.push_str(&format!(
                                 " x{i}: seats {r:?}, outbox {}, engine {}, ready {};",
                                 p.store.outbox.len(),
@@ -1672,9 +1751,9 @@ impl Sim {
         match arrival {
             Arrival::Job { spec, cancel_after } => {
                 let r = self.mill_input(MillInput::Submit {
-                        spec,
-                        submitted_at_ms: now / MS,
-                    });
+                    spec,
+                    submitted_at_ms: now / MS,
+                });
                 match r {
                     Some(Ok(Reply::Submitted(job))) => {
                         if self.c.inserted(job) {
@@ -1705,7 +1784,8 @@ impl Sim {
                         if self.step_wrote {
                             self.violate(Violation {
                                 rule: "I2",
-                                message: "a submit refused for max_pending stored something (M10)".into(),
+                                message: "a submit refused for max_pending stored something (M10)"
+                                    .into(),
                             });
                         }
                     }
@@ -1722,9 +1802,9 @@ impl Sim {
             Arrival::Invalid { spec, what } => {
                 self.w.arrivals_done += 1;
                 let r = self.mill_input(MillInput::Submit {
-                        spec,
-                        submitted_at_ms: now / MS,
-                    });
+                    spec,
+                    submitted_at_ms: now / MS,
+                });
                 let refused = matches!(r, Some(Err(RequestError::Spec(_))));
                 if !refused || self.step_outputs > 0 {
                     self.violate(Violation {

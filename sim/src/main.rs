@@ -21,7 +21,11 @@ use sim::trace::Trace;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "millrace-sim", about = "millrace's deterministic simulator", version)]
+#[command(
+    name = "millrace-sim",
+    about = "millrace's deterministic simulator",
+    version
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -169,7 +169,11 @@ impl Net {
 
     /// Whether a direction of `exec`'s link is blocked now.
     pub fn blocked(&self, exec: usize, up: bool) -> bool {
-        let b = if up { &self.blocks.up } else { &self.blocks.down };
+        let b = if up {
+            &self.blocks.up
+        } else {
+            &self.blocks.down
+        };
         b.get(exec).copied().unwrap_or(0) > 0
     }
 

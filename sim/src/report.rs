@@ -54,7 +54,11 @@ pub fn failure_report(o: &Outcome, traced: Option<&Outcome>) -> String {
     for e in &o.fleet {
         let _ = writeln!(s, "    {}", describe_exec(e));
     }
-    let _ = writeln!(s, "  fault schedule ({} faults):", o.plan.faults.faults.len());
+    let _ = writeln!(
+        s,
+        "  fault schedule ({} faults):",
+        o.plan.faults.faults.len()
+    );
     for (at, f) in &o.plan.faults.faults {
         let _ = writeln!(s, "    {:>10}  {f}", secs(*at));
     }

@@ -172,7 +172,8 @@ pub fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "fleet-5x1000",
-            about: "5 executors, 1,000 jobs over 10 simulated minutes, swarm faults (the benchmark)",
+            about:
+                "5 executors, 1,000 jobs over 10 simulated minutes, swarm faults (the benchmark)",
             executors: 5,
             jobs: 1000,
             arrival: 540 * SEC,
@@ -224,7 +225,8 @@ pub fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "quota",
-            about: "4 executors, 200 jobs: tight quotas, denials, re-bids, cancels, invalid submits",
+            about:
+                "4 executors, 200 jobs: tight quotas, denials, re-bids, cancels, invalid submits",
             executors: 4,
             jobs: 200,
             arrival: 200 * SEC,
@@ -237,7 +239,8 @@ pub fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "teardown",
-            about: "3 executors, 80 jobs: engines slow to stop, cancels, partitions (M26 deadlines)",
+            about:
+                "3 executors, 80 jobs: engines slow to stop, cancels, partitions (M26 deadlines)",
             executors: 3,
             jobs: 80,
             arrival: 150 * SEC,

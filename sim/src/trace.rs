@@ -171,9 +171,7 @@ fn event_kind(s: &mut String, k: &EventKind) {
 /// Summarises an executor → mill message.
 pub fn to_mill(s: &mut String, m: &ToMill) {
     match m {
-        ToMill::Hello {
-            node_id, epoch, ..
-        } => {
+        ToMill::Hello { node_id, epoch, .. } => {
             let _ = write!(s, "Hello {node_id} {epoch}");
         }
         ToMill::Snapshot {

@@ -193,7 +193,12 @@ impl Workload {
 fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool) -> JobSpec {
     let engines: Vec<&String> = on.engines.keys().collect();
     let engine = (*rng.pick(&engines)).clone();
-    let labels: BTreeSet<String> = on.labels.iter().filter(|_| rng.chance(0.3)).cloned().collect();
+    let labels: BTreeSet<String> = on
+        .labels
+        .iter()
+        .filter(|_| rng.chance(0.3))
+        .cloned()
+        .collect();
     let mut resources = Resources::new();
     let total = |name: &str| {
         on.engines
@@ -232,7 +237,6 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool) -> JobSpec {
         identity,
         timeout,
         payload: format!("job {k}").into_bytes(),
-        ..plain_spec()
     }
 }
 

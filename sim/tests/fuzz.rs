@@ -81,7 +81,10 @@ fn random_fuzz_budget_holds_every_invariant() {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
         & 0xffff_ffff;
-    println!("random fuzz: seeds {start}..{} of smoke (SIM_SEEDS={n})", start + n);
+    println!(
+        "random fuzz: seeds {start}..{} of smoke (SIM_SEEDS={n})",
+        start + n
+    );
     let s = get("smoke");
     let mut total = Coverage::default();
     for seed in start..start + n {
@@ -106,7 +109,11 @@ fn i10_fifty_seeds_replay_to_the_same_trace_hash() {
     for seed in 0..50 {
         let a = sim::run_traced(&s, seed, 0);
         let b = sim::run_traced(&s, seed, 0);
-        assert!(a.trace_lines > 100, "seed {seed}: a trace of {} lines", a.trace_lines);
+        assert!(
+            a.trace_lines > 100,
+            "seed {seed}: a trace of {} lines",
+            a.trace_lines
+        );
         assert_eq!(
             a.trace_hash, b.trace_hash,
             "seed {seed}: two runs gave different traces (I10)"
