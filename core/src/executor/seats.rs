@@ -80,6 +80,13 @@ impl Seats {
         (seats, resources)
     }
 
+    /// Seats of `engine` reserved or running (what `used` counts, without the resources).
+    pub(super) fn in_use(&self, engine: &str) -> u32 {
+        let reserved = self.reserved.values().filter(|r| r.spec.engine == engine);
+        let running = self.running.values().filter(|j| j.engine == engine);
+        u32::try_from(reserved.count() + running.count()).unwrap_or(u32::MAX)
+    }
+
     /// Outbox entries the current seats may still need: Running + Terminal for a seat whose
     /// job has not started, Terminal for one that has.
     pub(super) fn events_owed(&self) -> usize {

@@ -336,11 +336,14 @@ impl Executor {
         let Link::Ready(session) = &self.link else {
             return;
         };
-        let engines = engine_statuses(&self.config, &self.seats, self.open());
-        let changed = engines.len() != session.last_availability.len()
-            || engines
-                .iter()
-                .any(|(name, s)| session.last_availability.get(name) != Some(&s.available));
+        // Runs after every input: decide without building the snapshot's maps (available
+        // means what `engine_statuses` says: open and a seat free).
+        let open = self.open();
+        let changed = self.config.engines.len() != session.last_availability.len()
+            || self.config.engines.iter().any(|(name, engine)| {
+                let available = open && self.seats.in_use(name) < engine.capacity;
+                session.last_availability.get(name) != Some(&available)
+            });
         if changed {
             self.send_snapshot();
         }
