@@ -127,6 +127,8 @@ pub struct Stats {
 
 /// Connect attempts give up after this long without an answer.
 const CONNECT_TIMEOUT: Micros = 3 * SEC;
+/// How often the time-bounded checkers run (their bounds are tens of seconds).
+const SAMPLE: Micros = 2 * SEC;
 /// An armed crash lands at the latest this long after it was armed.
 const CRASH_DEADLINE: Micros = 2 * SEC;
 
@@ -323,7 +325,7 @@ impl Sim {
             self.at(at, Ev::Fault(k));
         }
         self.at(self.w.heal_at, Ev::Heal);
-        self.at(SEC, Ev::Sample);
+        self.at(SAMPLE, Ev::Sample);
         while let Some(e) = self.queue.pop() {
             if self.failure.is_some() || self.done {
                 break;
@@ -468,7 +470,7 @@ impl Sim {
                         .line(now, "sim", |s| s.push_str("quiescent: done"));
                     return;
                 }
-                self.at(now + SEC, Ev::Sample);
+                self.at(now + SAMPLE, Ev::Sample);
             }
             Ev::Deadline => self.stuck(),
         }

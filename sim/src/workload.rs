@@ -216,11 +216,12 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool) -> JobSpec {
             // Over the owner's cpu limit: quota denied (M15).
             resources.insert("cpu_millis".to_string(), 7000);
         } else if rng.chance(0.6) {
-            resources.insert("cpu_millis".to_string(), rng.range(100, cpu.min(4000)));
+            // Up to a quarter of the engine: CI jobs share a machine.
+            resources.insert("cpu_millis".to_string(), rng.range(100, (cpu / 4).max(200)));
         }
     } else if rng.chance(0.6) {
-        let mem = total("memory_mb").max(128);
-        resources.insert("memory_mb".to_string(), rng.range(128, mem));
+        let mem = total("memory_mb").max(512);
+        resources.insert("memory_mb".to_string(), rng.range(128, mem / 2));
     }
     let owner = rng.index(4);
     let identity = Identity {
