@@ -14,6 +14,13 @@ use sim::report::{failure_report, REPORT_LINES};
 use sim::scenario::{scenario, scenarios, Scenario, SEC};
 use sim::trace::Trace;
 
+/// Prints a line; a closed stdout (`| head`) is not worth a panic.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// The simulator allocates and frees small maps and strings at a high rate (the core's
 /// messages and snapshots); mimalloc makes that about a fifth cheaper than the system
 /// allocator.
@@ -88,7 +95,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::List => {
             for s in scenarios() {
-                println!("{:<14} {}", s.name, s.about);
+                out!("{:<14} {}", s.name, s.about);
             }
             ExitCode::SUCCESS
         }
@@ -138,25 +145,25 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
         if o.failure.is_some() {
             bar.abandon();
             let traced = sim::run_traced(s, seed, REPORT_LINES);
-            println!("{}", failure_report(&o, Some(&traced)));
+            out!("{}", failure_report(&o, Some(&traced)));
             return ExitCode::from(1);
         }
     }
     bar.finish_and_clear();
     let wall = began.elapsed().as_secs_f64();
-    println!(
+    out!(
         "{seeds} seeds of {} passed (seeds {start}..{end}) in {wall:.2}s",
         s.name
     );
-    println!("  {:.1} seeds/s", seeds as f64 / wall.max(1e-9));
-    println!(
+    out!("  {:.1} seeds/s", seeds as f64 / wall.max(1e-9));
+    out!(
         "  simulated {:.0}s in all: {:.0}x simulated ÷ wall time",
         sim_time as f64 / SEC as f64,
         sim_time as f64 / SEC as f64 / wall.max(1e-9)
     );
-    println!("  jobs accepted: {accepted}");
-    println!("  rare paths (* = required):");
-    print!("{coverage}");
+    out!("  jobs accepted: {accepted}");
+    out!("  rare paths (* = required):");
+    let _ = write!(std::io::stdout(), "{coverage}");
     let _ = std::io::stdout().flush();
     ExitCode::SUCCESS
 }
@@ -177,16 +184,16 @@ fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCod
     let wall = began.elapsed().as_secs_f64();
     let code = match &o.failure {
         None => {
-            println!(
+            out!(
                 "seed {seed} of {}: every invariant held ({} jobs accepted, ended at {:.1}s simulated, {:.3}s wall)",
                 s.name,
                 o.stats.accepted,
                 o.end as f64 / SEC as f64,
                 wall
             );
-            println!("  fault families on: {}", o.plan.swarm);
-            println!("  faults: {}", o.plan.faults.faults.len());
-            println!(
+            out!("  fault families on: {}", o.plan.swarm);
+            out!("  faults: {}", o.plan.faults.faults.len());
+            out!(
                 "  events {}, mill steps {}, executor steps {}, packets {}, violations observed {}",
                 o.stats.events,
                 o.stats.mill_steps,
@@ -197,13 +204,13 @@ fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCod
             ExitCode::SUCCESS
         }
         Some(_) => {
-            println!("{}", failure_report(&o, None));
+            out!("{}", failure_report(&o, None));
             ExitCode::from(1)
         }
     };
     if let Some(path) = trace {
-        println!("  trace: {} lines in {}", o.trace_lines, path.display());
+        out!("  trace: {} lines in {}", o.trace_lines, path.display());
     }
-    println!("trace-hash: {}", o.trace_hash.unwrap_or_default());
+    out!("trace-hash: {}", o.trace_hash.unwrap_or_default());
     code
 }
