@@ -196,6 +196,8 @@ impl Sim {
             cfg.reconnect_grace = mill_cfg.reconnect_grace;
             cfg.silence_timeout = mill_cfg.silence_timeout;
             cfg.snapshot_interval = mill_cfg.snapshot_interval;
+            cfg.backoff_max = cfg.backoff_max.min(mill_cfg.reconnect_grace / 3);
+            cfg.stop_grace = cfg.stop_grace.min(mill_cfg.cancel_teardown_timeout / 2);
             cfg.backoff_seed = process.next_u64();
             if let Err(e) = cfg.validate() {
                 panic!("fleet config of x{i}: {e}");

@@ -119,6 +119,8 @@ pub struct Scenario {
     pub codec_fraction: f64,
     /// Family modes, by `Family::ALL` index.
     pub modes: [Mode; 12],
+    /// Timers three times tighter than production's, so that timeouts race messages.
+    pub tight: bool,
 }
 
 impl Scenario {
@@ -130,9 +132,21 @@ impl Scenario {
     /// The mill's settings in this scenario: production defaults, except a teardown deadline
     /// short enough to be reached within a run.
     pub fn mill_config(&self) -> MillConfig {
-        MillConfig {
+        let base = MillConfig {
             cancel_teardown_timeout: Duration::from_secs(60),
             ..MillConfig::default()
+        };
+        if !self.tight {
+            return base;
+        }
+        MillConfig {
+            reconnect_grace: Duration::from_secs(15),
+            silence_timeout: Duration::from_secs(5),
+            snapshot_interval: Duration::from_millis(1500),
+            bid_timeout: Duration::from_millis(1500),
+            cancel_ack_timeout: Duration::from_secs(3),
+            cancel_teardown_timeout: Duration::from_secs(20),
+            ..base
         }
     }
 }
@@ -156,6 +170,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 4),
             codec_fraction: 1.0,
             modes: [S; 12],
+            tight: false,
         },
         Scenario {
             name: "calm",
@@ -169,6 +184,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 4),
             codec_fraction: 1.0,
             modes: [O; 12],
+            tight: false,
         },
         Scenario {
             name: "fleet-5x1000",
@@ -183,6 +199,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (3, 6),
             codec_fraction: 0.25,
             modes: [S; 12],
+            tight: false,
         },
         Scenario {
             name: "partitions",
@@ -196,6 +213,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 4),
             codec_fraction: 1.0,
             modes: [N, N, N, N, O, O, O, O, O, S, O, O],
+            tight: false,
         },
         Scenario {
             name: "crashes",
@@ -209,6 +227,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 4),
             codec_fraction: 1.0,
             modes: [O, O, O, S, N, N, N, O, O, S, S, O],
+            tight: false,
         },
         Scenario {
             name: "byzantine",
@@ -222,6 +241,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 4),
             codec_fraction: 1.0,
             modes: [S, O, O, S, S, O, S, N, O, S, S, O],
+            tight: false,
         },
         Scenario {
             name: "quota",
@@ -236,6 +256,22 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (2, 5),
             codec_fraction: 1.0,
             modes: [O, O, O, S, S, O, S, O, O, N, N, N],
+            tight: false,
+        },
+        Scenario {
+            name: "tight",
+            about:
+                "4 executors, 150 jobs, timers 3x tighter than production: timeouts race messages",
+            executors: 4,
+            jobs: 150,
+            arrival: 150 * SEC,
+            fault_window: 180 * SEC,
+            job_mean: 2 * SEC,
+            job_max: 20 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [S; 12],
+            tight: true,
         },
         Scenario {
             name: "teardown",
@@ -250,6 +286,7 @@ pub fn scenarios() -> Vec<Scenario> {
             seats: (1, 3),
             codec_fraction: 1.0,
             modes: [S, S, O, S, O, O, S, O, N, N, O, O],
+            tight: false,
         },
     ]
 }

@@ -20,6 +20,7 @@ const FIXED: &[(&str, u64, u64)] = &[
     ("byzantine", 0, 700),
     ("quota", 0, 450),
     ("teardown", 0, 700),
+    ("tight", 0, 500),
     ("fleet-5x1000", 0, 50),
 ];
 
