@@ -259,6 +259,20 @@ pub fn scenarios() -> Vec<Scenario> {
             tight: false,
         },
         Scenario {
+            name: "wide",
+            about: "16 executors, 400 jobs over 4 min, swarm over every family: more concurrency",
+            executors: 16,
+            jobs: 400,
+            arrival: 220 * SEC,
+            fault_window: 240 * SEC,
+            job_mean: 4 * SEC,
+            job_max: 40 * SEC,
+            seats: (1, 4),
+            codec_fraction: 1.0,
+            modes: [S; 12],
+            tight: false,
+        },
+        Scenario {
             name: "tight",
             about:
                 "4 executors, 150 jobs, timers 3x tighter than production: timeouts race messages",

@@ -21,6 +21,7 @@ const FIXED: &[(&str, u64, u64)] = &[
     ("quota", 0, 450),
     ("teardown", 0, 700),
     ("tight", 0, 500),
+    ("wide", 0, 60),
     ("fleet-5x1000", 0, 50),
 ];
 
