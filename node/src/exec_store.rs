@@ -171,22 +171,8 @@ impl ExecStore {
     }
 
     /// Checkpoints the WAL and closes the store.
-    pub fn close(mut self) -> Result<(), StoreError> {
-        drop(self.opened.checkpointer.take());
-        let path = self.opened.path.clone();
-        self.opened
-            .conn
-            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
-            .map_err(|source| StoreError::Sqlite {
-                path: path.clone(),
-                source,
-            })?;
-        self.opened
-            .conn
-            .close()
-            .map_err(|(_, source)| StoreError::Sqlite { path, source })?;
-        drop(self.opened.lock);
-        Ok(())
+    pub fn close(self) -> Result<(), StoreError> {
+        self.opened.close()
     }
 }
 

@@ -142,6 +142,26 @@ pub struct Opened {
     pub path: PathBuf,
 }
 
+impl Opened {
+    /// Stops the checkpointer, checkpoints the WAL and closes the connection; the lock goes
+    /// last, so no other process opens the store before it is clean.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        drop(self.checkpointer.take());
+        let path = self.path.clone();
+        self.conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|source| StoreError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
+        self.conn
+            .close()
+            .map_err(|(_, source)| StoreError::Sqlite { path, source })?;
+        drop(self.lock);
+        Ok(())
+    }
+}
+
 /// Opens (creating if needed) the store of `schema` under `dir`.
 pub fn open(dir: &Path, schema: &Schema) -> Result<Opened, StoreError> {
     std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
