@@ -526,12 +526,8 @@ impl Sim {
             });
         }
         let crash_at = self.w.mill_crash.map(|_| {
-            let n = outs.len();
-            if n > 1 && matches!(outs[0], MillOutput::Persist(_)) && self.process.chance(0.5) {
-                1
-            } else {
-                self.process.index(n + 1)
-            }
+            let after_persist = matches!(outs.first(), Some(MillOutput::Persist(_)));
+            crash_point(&mut self.process, outs.len(), after_persist)
         });
         let mut crashed = false;
         for (k, o) in outs.drain(..).enumerate() {
@@ -779,12 +775,8 @@ impl Sim {
             }
         }
         let crash_at = self.w.execs[i].crash.map(|_| {
-            let n = outs.len();
-            if n > 1 && matches!(outs[0], ExecutorOutput::Persist(_)) && self.process.chance(0.5) {
-                1
-            } else {
-                self.process.index(n + 1)
-            }
+            let after_persist = matches!(outs.first(), Some(ExecutorOutput::Persist(_)));
+            crash_point(&mut self.process, outs.len(), after_persist)
         });
         let mut crashed = false;
         for (k, o) in outs.drain(..).enumerate() {
@@ -1851,5 +1843,16 @@ fn byz_ctx(w: &World, me: usize) -> ByzCtx {
     ByzCtx {
         foreign_ask,
         foreign_lease,
+    }
+}
+
+/// Where in a step of `n` outputs a crash lands: before output k (k = n: after them all).
+/// Half the time, when the step starts with a `Persist`, right after it — between a write and
+/// the sends that depend on it, the boundary persist-before-send is about.
+fn crash_point(rng: &mut Rng, n: usize, starts_with_persist: bool) -> usize {
+    if n > 1 && starts_with_persist && rng.chance(0.5) {
+        1
+    } else {
+        rng.index(n + 1)
     }
 }
