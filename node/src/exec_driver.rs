@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use millrace_core::codec::FrameDecoder;
-use millrace_core::executor::{ExecutorBatch, ExecutorInput, ExecutorOutput};
+use millrace_core::executor::{ExecutorInput, ExecutorOutput};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::ConnId;
 use tokio::sync::{mpsc, watch};
@@ -225,14 +225,10 @@ impl Driver {
         if self.outs.is_empty() {
             return Ok(());
         }
-        let mut batches: Vec<ExecutorBatch> = Vec::new();
-        let mut rest = Vec::with_capacity(self.outs.len());
-        for o in self.outs.drain(..) {
-            match o {
-                ExecutorOutput::Persist(b) => batches.push(b),
-                other => rest.push(other),
-            }
-        }
+        let (batches, rest) = crate::sqlite::split_persists(&mut self.outs, |o| match o {
+            ExecutorOutput::Persist(b) => crate::sqlite::Split::Persist(b),
+            other => crate::sqlite::Split::Other(other),
+        });
         if !batches.is_empty() {
             self.parts.store.apply(&batches)?;
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use millrace_core::job::{JobSpec, JobState};
 use millrace_core::mill::{
-    Mill, MillBatch, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError,
+    Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError,
 };
 use millrace_core::wire::ToExecutor;
 use millrace_core::{ConnId, JobId, NodeId};
@@ -470,14 +470,10 @@ impl Driver {
         if self.outs.is_empty() && self.deferred.is_empty() {
             return Ok(());
         }
-        let mut batches: Vec<MillBatch> = Vec::new();
-        let mut rest = Vec::with_capacity(self.outs.len());
-        for o in self.outs.drain(..) {
-            match o {
-                MillOutput::Persist(b) => batches.push(b),
-                other => rest.push(other),
-            }
-        }
+        let (batches, rest) = crate::sqlite::split_persists(&mut self.outs, |o| match o {
+            MillOutput::Persist(b) => crate::sqlite::Split::Persist(b),
+            other => crate::sqlite::Split::Other(other),
+        });
         if !batches.is_empty() {
             let started = Instant::now();
             self.store.apply(&batches, wall_ms())?;

@@ -324,6 +324,31 @@ pub fn random_u64() -> std::io::Result<u64> {
     Ok(u64::from_ne_bytes(buf))
 }
 
+/// Group commit's first move: takes a step's outputs apart into the `Persist` batches, to be
+/// written in one transaction, and the rest, to be acted on in order after the commit.
+pub fn split_persists<O, B>(
+    outs: &mut Vec<O>,
+    persist: impl Fn(O) -> Split<B, O>,
+) -> (Vec<B>, Vec<O>) {
+    let mut batches = Vec::new();
+    let mut rest = Vec::with_capacity(outs.len());
+    for o in outs.drain(..) {
+        match persist(o) {
+            Split::Persist(b) => batches.push(b),
+            Split::Other(other) => rest.push(other),
+        }
+    }
+    (batches, rest)
+}
+
+/// One output, as [`split_persists`] sorts it.
+pub enum Split<B, O> {
+    /// A durable batch.
+    Persist(B),
+    /// Anything else.
+    Other(O),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,6 +173,16 @@ fn t(m: Micros) -> Time {
 }
 
 impl Sim {
+    /// A crashed process's side of each connection in `fins` closes: a FIN travels toward
+    /// the peer (`up`: from the executor to the mill).
+    fn send_fins(&mut self, now: u64, fins: Vec<ConnId>, up: bool) {
+        for conn in fins {
+            if let Some(at) = self.w.net.push(now, conn, up, Packet::Fin) {
+                self.at(at, Ev::Pump { conn, up });
+            }
+        }
+    }
+
     /// Builds the world of `seed` in `scenario`.
     pub fn new(scenario: &Scenario, seed: u64, trace: Trace) -> Sim {
         let plan = SeedPlan::new(scenario, seed);
@@ -1426,11 +1436,7 @@ impl Sim {
                 }
             }
         }
-        for conn in fins {
-            if let Some(at) = self.w.net.push(now, conn, false, Packet::Fin) {
-                self.at(at, Ev::Pump { conn, up: false });
-            }
-        }
+        self.send_fins(now, fins, false);
         let back = now + plan.down;
         self.w.mill_restart_at = Some(back);
         self.at(back, Ev::Restart(Proc::Mill));
@@ -1496,11 +1502,7 @@ impl Sim {
                 }
             }
         }
-        for conn in fins {
-            if let Some(at) = self.w.net.push(now, conn, true, Packet::Fin) {
-                self.at(at, Ev::Pump { conn, up: true });
-            }
-        }
+        self.send_fins(now, fins, true);
         let back = now + plan.down;
         self.w.execs[i].restart_at = Some(back);
         self.at(back, Ev::Restart(Proc::Exec(i)));
