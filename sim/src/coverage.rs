@@ -40,11 +40,28 @@ pub enum Path {
     NoCompatibleExecutor,
     /// A job failed for quota (M15).
     QuotaDenied,
+    /// An executor crashed with jobs running in its engine (E6, M5).
+    ExecCrashWithRunningJobs,
+    /// The mill crashed holding reserved (published, uncommitted) leases (M16, M29).
+    MillCrashWithReservedLeases,
+    /// A partition or clog cut an executor holding a lease reserved but not yet committed:
+    /// a `CommitLease` (or its answer) was caught by the cut (M16, M17).
+    PartitionDuringCommit,
+    /// A user cancelled a job whose executor was cut off or down (M5, M26).
+    CancelWhilePartitioned,
+    /// At least 50 sessions connected to one restarted mill incarnation within 10 s of its
+    /// first (M29, M7).
+    ReconnectStorm,
+    /// An executor connected five times within two minutes (a flapping link, M7, M8).
+    FlappingReconnects,
+    /// A job with label constraints was reserved while part of the fleet lacked its labels
+    /// (M13).
+    LabelConstrainedPlacement,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 16] = [
+    pub const ALL: [Path; 23] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -61,6 +78,13 @@ impl Path {
         Path::TooManyPending,
         Path::NoCompatibleExecutor,
         Path::QuotaDenied,
+        Path::ExecCrashWithRunningJobs,
+        Path::MillCrashWithReservedLeases,
+        Path::PartitionDuringCommit,
+        Path::CancelWhilePartitioned,
+        Path::ReconnectStorm,
+        Path::FlappingReconnects,
+        Path::LabelConstrainedPlacement,
     ];
 
     /// The paths issue 4 names; the coverage test requires each to be reached.
@@ -94,7 +118,48 @@ impl Path {
             Path::TooManyPending => "submit refused: too many pending",
             Path::NoCompatibleExecutor => "no compatible executor",
             Path::QuotaDenied => "quota denied",
+            Path::ExecCrashWithRunningJobs => "executor crash with running jobs",
+            Path::MillCrashWithReservedLeases => "mill crash with reserved leases",
+            Path::PartitionDuringCommit => "partition during a commit",
+            Path::CancelWhilePartitioned => "cancel while partitioned",
+            Path::ReconnectStorm => "reconnect storm (>= 50 sessions) after a mill restart",
+            Path::FlappingReconnects => "flapping executor (5 connects in 2 min)",
+            Path::LabelConstrainedPlacement => "label-constrained placement",
         }
+    }
+
+    /// Its name in scenario files (`expect.reach`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Path::GraceExpiryWithPendingCancel => "grace-expiry-with-pending-cancel",
+            Path::CommitResent => "commit-resent",
+            Path::MillRestartWithRunningLeases => "mill-restart-with-running-leases",
+            Path::QuotaWait => "quota-wait",
+            Path::QuotaRebidChangedResources => "quota-rebid-changed-resources",
+            Path::Quarantine => "quarantine",
+            Path::UntrackedCancel => "untracked-cancel",
+            Path::TeardownDeadline => "teardown-deadline",
+            Path::RestartDeliveredUnackedResult => "restart-delivered-unacked-result",
+            Path::ReconcileFailedLease => "reconcile-failed-lease",
+            Path::OldEpochLeaseFailed => "old-epoch-lease-failed",
+            Path::CrashAfterPersist => "crash-after-persist",
+            Path::JobTimeout => "job-timeout",
+            Path::TooManyPending => "too-many-pending",
+            Path::NoCompatibleExecutor => "no-compatible-executor",
+            Path::QuotaDenied => "quota-denied",
+            Path::ExecCrashWithRunningJobs => "exec-crash-with-running-jobs",
+            Path::MillCrashWithReservedLeases => "mill-crash-with-reserved-leases",
+            Path::PartitionDuringCommit => "partition-during-commit",
+            Path::CancelWhilePartitioned => "cancel-while-partitioned",
+            Path::ReconnectStorm => "reconnect-storm",
+            Path::FlappingReconnects => "flapping-reconnects",
+            Path::LabelConstrainedPlacement => "label-constrained-placement",
+        }
+    }
+
+    /// The path named `key` in scenario files.
+    pub fn from_key(key: &str) -> Option<Path> {
+        Path::ALL.into_iter().find(|p| p.key() == key)
     }
 }
 
@@ -129,9 +194,17 @@ pub fn from_rare(p: RarePath) -> Option<Path> {
 }
 
 /// Counts per path.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Coverage {
-    counts: [u64; 16],
+    counts: [u64; Path::ALL.len()],
+}
+
+impl Default for Coverage {
+    fn default() -> Self {
+        Coverage {
+            counts: [0; Path::ALL.len()],
+        }
+    }
 }
 
 impl Coverage {

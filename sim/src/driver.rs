@@ -27,6 +27,7 @@ use crate::net::{Net, Packet, Payload};
 use crate::rng::{Purpose, Rng};
 use crate::scenario::{Fault, Micros, Proc, Scenario, SeedPlan, MS, SEC};
 use crate::trace::{self, Trace};
+use crate::watch::{self, Watch};
 use crate::workload::{job_duration, Arrival, Workload};
 use crate::world::{CrashPlan, EngineJob, ExecProc, LeaseInfo, World};
 
@@ -166,6 +167,8 @@ pub struct Sim {
     step_outputs: usize,
     done: bool,
     deadline: Option<Micros>,
+    /// Counts the situations scenario files target (`watch`).
+    watch: Watch,
 }
 
 fn t(m: Micros) -> Time {
@@ -281,6 +284,7 @@ impl Sim {
             step_outputs: 0,
             done: false,
             deadline: None,
+            watch: Watch::default(),
         }
     }
 
@@ -294,6 +298,9 @@ impl Sim {
     }
 
     fn violate(&mut self, v: Violation) {
+        if !self.w.scenario.checks(v.rule) {
+            return; // the scenario file leaves this invariant out (`expect.invariants`)
+        }
         if self.failure.is_none() {
             let now = self.w.now;
             let text = v.to_string();
@@ -416,6 +423,7 @@ impl Sim {
             Ev::Arrive(k) => self.arrive(k),
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
+                    watch::user_cancel(&self.w, job, &mut self.cov);
                     let _ = self.mill_input(MillInput::Cancel {
                         job,
                         reason: "cancelled by its user".into(),
@@ -618,6 +626,7 @@ impl Sim {
                     lease, job, spec, ..
                 } = &msg
                 {
+                    watch::reserve_seat(&self.w, spec, &mut self.cov);
                     if let Some(exec) = self.w.exec_of_conn(conn) {
                         self.w.leases.insert(
                             *lease,
@@ -1138,6 +1147,7 @@ impl Sim {
                 if mill_up {
                     c.mill_open = true;
                     c.mill_inc = inc;
+                    self.watch.mill_connected(inc, now, &mut self.cov);
                     if let Some(at) = self.w.net.push(now, conn, false, Packet::Accept) {
                         self.at(at, Ev::Pump { conn, up: false });
                     }
@@ -1214,6 +1224,7 @@ impl Sim {
                     c.exec_waiting = false;
                     c.exec_open = true;
                     self.w.execs[exec].connecting = None;
+                    self.watch.exec_connected(exec, now, &mut self.cov);
                     self.exec_input(exec, ExecutorInput::Connected { conn });
                 } else if c.exec_waiting || !c.exec_open {
                     // Nobody waits for it: the executor's host resets it.
@@ -1323,6 +1334,7 @@ impl Sim {
         let now = self.w.now;
         self.trace
             .line(now, "net", |s| s.push_str(&format!("fault: {fault}")));
+        watch::fault_starts(&self.w, &fault, &mut self.cov);
         match fault {
             Fault::Partition {
                 side,
@@ -1422,6 +1434,7 @@ impl Sim {
         self.trace.line(now, "mill", |s| {
             s.push_str(&format!("!! crash (down {})", trace::secs(plan.down)))
         });
+        watch::mill_crashes(&self.w, &mut self.cov);
         self.w.mill = None;
         self.w.mill_inc += 1;
         self.w.mill_tick_at = None;
@@ -1480,6 +1493,9 @@ impl Sim {
         p.tick_at = None;
         p.connecting = None;
         let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
+        if !killed.is_empty() {
+            self.cov.hit(Path::ExecCrashWithRunningJobs);
+        }
         for lease in killed {
             self.c.exited(lease, now, false);
         }
@@ -1613,6 +1629,10 @@ impl Sim {
         // Long jobs (one in fifty) may fall in the longest chain too.
         let long = crate::workload::LONG_JOBS * self.w.scenario.job_max * (1 + rounds / 25);
         let deadline = now.max(last_arrival) + recovery + rounds * per_round + long + 60 * SEC;
+        let deadline = match self.w.scenario.expect.liveness_bound {
+            Some(bound) => now + bound,
+            None => deadline,
+        };
         self.deadline = Some(deadline);
         self.at(deadline, Ev::Deadline);
     }
@@ -1642,6 +1662,10 @@ impl Sim {
 
     /// The liveness bound passed: say which jobs are stuck, and where.
     fn stuck(&mut self) {
+        if !self.w.scenario.checks("I9") {
+            self.done = true; // liveness is left out: stop at the bound without a verdict
+            return;
+        }
         let mut lines = Vec::new();
         for job in self.c.open_jobs().into_iter().take(10) {
             let state = self.w.mill.as_ref().and_then(|m| m.job_state(job)).map_or(

@@ -8,7 +8,9 @@
 //! step; after the fault window the network heals and every job must end (liveness). A
 //! failing seed replays byte for byte: the trace hash is the proof.
 //!
-//! Modules: `rng` (seeded streams), `scenario` (scenarios, swarm, fault plan), `workload`
+//! Modules: `rng` (seeded streams), `scenario` (scenarios, swarm, fault plan),
+//! `scenario_file` (the TOML scenario library in `scenarios/`), `watch` (scenario-targeted
+//! situations), `workload`
 //! (fleet and jobs), `net` (connections), `byzantine` (violators), `world` (state), `driver`
 //! (the event loop), `checkers` (invariants), `coverage` (rare paths), `trace` (lines, hash),
 //! `report` (failure reports).
@@ -23,7 +25,9 @@ pub mod net;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod scenario_file;
 pub mod trace;
+pub mod watch;
 pub mod workload;
 pub mod world;
 
@@ -40,7 +44,7 @@ use workload::ExecSpec;
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// The scenario's name.
-    pub scenario: &'static str,
+    pub scenario: String,
     /// The seed.
     pub seed: u64,
     /// Its swarm and fault plan.
@@ -80,7 +84,7 @@ pub fn run(scenario: &Scenario, seed: u64, trace: Trace) -> Outcome {
     }
     let traced = sim.trace.enabled();
     Outcome {
-        scenario: scenario.name,
+        scenario: scenario.name.clone(),
         seed,
         plan: sim.w.plan.clone(),
         fleet: sim.w.workload.fleet.clone(),

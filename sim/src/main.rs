@@ -11,7 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use sim::coverage::Coverage;
 use sim::report::{failure_report, REPORT_LINES};
-use sim::scenario::{scenario, scenarios, Scenario, SEC};
+use sim::scenario::{Scenario, SEC};
+use sim::scenario_file::{self, LoadError};
 use sim::trace::Trace;
 
 /// Prints a line; a closed stdout (`| head`) is not worth a panic.
@@ -34,8 +35,23 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     version
 )]
 struct Cli {
+    /// Loads the scenario library from this directory instead of the files embedded at
+    /// build time (the workspace's `scenarios/`).
+    #[arg(long, global = true)]
+    scenarios: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Which scenario: one of the library by name, or an ad-hoc file.
+#[derive(clap::Args)]
+struct Which {
+    /// The scenario (see `list`).
+    #[arg(long, default_value = "smoke")]
+    scenario: String,
+    /// Runs the scenario in this TOML file instead (see scenarios/README.md).
+    #[arg(long, conflicts_with = "scenario")]
+    scenario_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -48,35 +64,56 @@ enum Command {
         /// The first seed.
         #[arg(long, default_value_t = 0)]
         start: u64,
-        /// The scenario (see `list`).
-        #[arg(long, default_value = "smoke")]
-        scenario: String,
+        #[command(flatten)]
+        which: Which,
     },
     /// Runs one seed, prints the invariant outcome and the trace hash.
     Replay {
         /// The seed.
         #[arg(long)]
         seed: u64,
-        /// The scenario (see `list`).
-        #[arg(long, default_value = "smoke")]
-        scenario: String,
+        #[command(flatten)]
+        which: Which,
         /// Writes the full trace (one line per event) to this file.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
     },
-    /// Lists the built-in scenarios.
+    /// Lists the scenario library: name and what each exercises.
     List,
 }
 
-fn find(name: &str) -> Result<Scenario, ExitCode> {
-    scenario(name).ok_or_else(|| {
-        let names: Vec<&str> = scenarios().iter().map(|s| s.name).collect();
-        eprintln!(
-            "error: unknown scenario {name:?}; known: {} (see `millrace-sim list`)",
-            names.join(", ")
-        );
+/// The library: embedded, or loaded from `--scenarios DIR`.
+fn library(dir: Option<&std::path::Path>) -> Result<Vec<Scenario>, ExitCode> {
+    let loaded: Result<Vec<Scenario>, LoadError> = match dir {
+        Some(d) => scenario_file::load_dir(d),
+        None => scenario_file::embedded(),
+    };
+    loaded.map_err(|e| {
+        eprintln!("error: {e}");
         ExitCode::from(2)
     })
+}
+
+fn find(dir: Option<&std::path::Path>, which: &Which) -> Result<Scenario, ExitCode> {
+    if let Some(path) = &which.scenario_file {
+        return scenario_file::load_file(path).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        });
+    }
+    let all = library(dir)?;
+    let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+    let list = names.join(", ");
+    all.iter()
+        .find(|s| s.name == which.scenario)
+        .cloned()
+        .ok_or_else(|| {
+            eprintln!(
+                "error: unknown scenario {:?}; known: {list} (see `millrace-sim list`)",
+                which.scenario
+            );
+            ExitCode::from(2)
+        })
 }
 
 fn main() -> ExitCode {
@@ -92,26 +129,27 @@ fn main() -> ExitCode {
             };
         }
     };
+    let dir = cli.scenarios.as_deref();
     match cli.command {
-        Command::List => {
-            for s in scenarios() {
-                out!("{:<14} {}", s.name, s.about);
+        Command::List => match library(dir) {
+            Ok(all) => {
+                let width = all.iter().map(|s| s.name.len()).max().unwrap_or(0);
+                for s in all {
+                    out!("{:<width$}  {}", s.name, s.about);
+                }
+                ExitCode::SUCCESS
             }
-            ExitCode::SUCCESS
-        }
+            Err(code) => code,
+        },
         Command::Fuzz {
             seeds,
             start,
-            scenario,
-        } => match find(&scenario) {
+            which,
+        } => match find(dir, &which) {
             Ok(s) => fuzz(&s, start, seeds),
             Err(code) => code,
         },
-        Command::Replay {
-            seed,
-            scenario,
-            trace,
-        } => match find(&scenario) {
+        Command::Replay { seed, which, trace } => match find(dir, &which) {
             Ok(s) => replay(&s, seed, trace),
             Err(code) => code,
         },
@@ -164,6 +202,19 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
     out!("  jobs accepted: {accepted}");
     out!("  rare paths (* = required):");
     let _ = write!(std::io::stdout(), "{coverage}");
+    let missed: Vec<&str> = s
+        .expect
+        .reach
+        .iter()
+        .filter(|p| coverage.get(**p) == 0)
+        .map(|p| p.key())
+        .collect();
+    if !missed.is_empty() {
+        out!(
+            "  note: the scenario expects these rare paths, not reached over these seeds: {}",
+            missed.join(", ")
+        );
+    }
     let _ = std::io::stdout().flush();
     ExitCode::SUCCESS
 }

@@ -76,6 +76,6 @@ pub fn failure_report(o: &Outcome, traced: Option<&Outcome>) -> String {
     for l in lines {
         let _ = writeln!(s, "    {l}");
     }
-    let _ = writeln!(s, "  replay: {}", replay_command(o.scenario, o.seed));
+    let _ = writeln!(s, "  replay: {}", replay_command(&o.scenario, o.seed));
     s
 }

@@ -93,13 +93,15 @@ pub enum Mode {
     On,
 }
 
-/// A built-in scenario: topology, workload size, time windows and which families it uses.
+/// A scenario: topology, workload size, time windows, which families it uses, and what a
+/// scenario file adds (an explicit fleet, workload knobs, scripted faults, config overrides,
+/// expectations). Loaded from `scenarios/*.toml` (see `scenario_file`).
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    /// Its name on the command line.
-    pub name: &'static str,
+    /// Its name on the command line (the file's stem).
+    pub name: String,
     /// One line for `list`.
-    pub about: &'static str,
+    pub about: String,
     /// Executors in the fleet.
     pub executors: usize,
     /// Jobs the workload submits.
@@ -121,7 +123,124 @@ pub struct Scenario {
     pub modes: [Mode; 12],
     /// Timers three times tighter than production's, so that timeouts race messages.
     pub tight: bool,
+    /// Fixed intensities, by `Family::ALL` index (`None`: drawn from the seed).
+    pub intensity: [Option<f64>; 12],
+    /// An explicit fleet (`None`: drawn from `executors` and `seats`).
+    pub fleet: Option<Vec<ExecTemplate>>,
+    /// Workload knobs that override what the swarm would pick.
+    pub knobs: Knobs,
+    /// Scripted faults, added to the seed's drawn plan.
+    pub script: Vec<(Micros, Fault)>,
+    /// Mill settings overriding the defaults (and the `tight` preset).
+    pub config: ConfigOverrides,
+    /// What a run of this scenario must show.
+    pub expect: Expect,
 }
+
+/// One executor of an explicit fleet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecTemplate {
+    /// Node id.
+    pub name: String,
+    /// Labels held.
+    pub labels: std::collections::BTreeSet<String>,
+    /// Engines offered.
+    pub engines: std::collections::BTreeMap<String, millrace_core::executor::EngineConfig>,
+    /// Misbehaves this way, if it does.
+    pub byzantine: Option<crate::byzantine::ByzKind>,
+    /// Its engine takes longer than the teardown deadline to stop jobs.
+    pub slow_stop: bool,
+    /// It charges one more resource than jobs ask for (M14).
+    pub extra_charge: Option<(String, u64)>,
+}
+
+/// Workload settings a scenario file may fix; `None` keeps the swarm's choice.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Knobs {
+    /// Fraction of jobs their user cancels.
+    pub cancel_rate: Option<f64>,
+    /// A cancel comes within this long after the submit.
+    pub cancel_within: Option<Micros>,
+    /// Fraction of jobs followed by an invalid submit.
+    pub invalid_rate: Option<f64>,
+    /// Distinct owners (`o0`, `o1`, …); four by default.
+    pub owners: Option<usize>,
+    /// The mill's `max_pending`.
+    pub max_pending: Option<usize>,
+    /// Quota limits.
+    pub quota: Option<millrace_core::quota::QuotaConfig>,
+    /// Fraction of arrivals that come with their predecessor.
+    pub burst: Option<f64>,
+    /// CPU a shell job asks for, lowest and highest (millis).
+    pub cpu_millis: Option<(u64, u64)>,
+    /// Label constraints: this share of jobs requires these labels.
+    pub require: Vec<(std::collections::BTreeSet<String>, f64)>,
+}
+
+/// Mill settings a scenario file may override.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfigOverrides {
+    /// `reconnect_grace`.
+    pub reconnect_grace: Option<Duration>,
+    /// `silence_timeout`.
+    pub silence_timeout: Option<Duration>,
+    /// `snapshot_interval`.
+    pub snapshot_interval: Option<Duration>,
+    /// `bid_timeout`.
+    pub bid_timeout: Option<Duration>,
+    /// `cancel_ack_timeout`.
+    pub cancel_ack_timeout: Option<Duration>,
+    /// `cancel_teardown_timeout`.
+    pub cancel_teardown_timeout: Option<Duration>,
+    /// `job_timeout`.
+    pub job_timeout: Option<Duration>,
+    /// `quarantine_strikes`.
+    pub quarantine_strikes: Option<u32>,
+    /// `max_sessions`.
+    pub max_sessions: Option<usize>,
+}
+
+/// What a scenario expects of its runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expect {
+    /// The invariants checked (`None`: all of them).
+    pub invariants: Option<std::collections::BTreeSet<String>>,
+    /// The liveness bound after the heal (`None`: derived from the config and workload).
+    pub liveness_bound: Option<Micros>,
+    /// Rare paths that must be reached, summed over the test seeds.
+    pub reach: Vec<crate::coverage::Path>,
+    /// Seeds `0..seeds` that `cargo test -p sim` runs.
+    pub seeds: u64,
+}
+
+impl Default for Expect {
+    fn default() -> Self {
+        Expect {
+            invariants: None,
+            liveness_bound: None,
+            reach: Vec::new(),
+            seeds: 4,
+        }
+    }
+}
+
+/// Every rule a checker may report, for `expect.invariants`.
+pub const RULES: [&str; 14] = [
+    "I1",
+    "I2",
+    "I3",
+    "I4",
+    "I5",
+    "I6",
+    "I7",
+    "I8",
+    "I9",
+    "I10",
+    "persist-before-send",
+    "codec",
+    "panic",
+    "config",
+];
 
 impl Scenario {
     /// The mode of `f`.
@@ -129,183 +248,64 @@ impl Scenario {
         self.modes[f as usize]
     }
 
+    /// Whether a violation of `rule` fails the run.
+    pub fn checks(&self, rule: &str) -> bool {
+        self.expect
+            .invariants
+            .as_ref()
+            .is_none_or(|set| set.contains(rule))
+    }
+
     /// The mill's settings in this scenario: production defaults, except a teardown deadline
-    /// short enough to be reached within a run.
+    /// short enough to be reached within a run, then the file's overrides.
     pub fn mill_config(&self) -> MillConfig {
         let base = MillConfig {
             cancel_teardown_timeout: Duration::from_secs(60),
             ..MillConfig::default()
         };
-        if !self.tight {
-            return base;
+        let mut c = if self.tight {
+            MillConfig {
+                reconnect_grace: Duration::from_secs(15),
+                silence_timeout: Duration::from_secs(5),
+                snapshot_interval: Duration::from_millis(1500),
+                bid_timeout: Duration::from_millis(1500),
+                cancel_ack_timeout: Duration::from_secs(3),
+                cancel_teardown_timeout: Duration::from_secs(20),
+                ..base
+            }
+        } else {
+            base
+        };
+        let o = &self.config;
+        let set = |slot: &mut Duration, v: Option<Duration>| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        set(&mut c.reconnect_grace, o.reconnect_grace);
+        set(&mut c.silence_timeout, o.silence_timeout);
+        set(&mut c.snapshot_interval, o.snapshot_interval);
+        set(&mut c.bid_timeout, o.bid_timeout);
+        set(&mut c.cancel_ack_timeout, o.cancel_ack_timeout);
+        set(&mut c.cancel_teardown_timeout, o.cancel_teardown_timeout);
+        set(&mut c.job_timeout, o.job_timeout);
+        if let Some(v) = o.quarantine_strikes {
+            c.quarantine_strikes = v;
         }
-        MillConfig {
-            reconnect_grace: Duration::from_secs(15),
-            silence_timeout: Duration::from_secs(5),
-            snapshot_interval: Duration::from_millis(1500),
-            bid_timeout: Duration::from_millis(1500),
-            cancel_ack_timeout: Duration::from_secs(3),
-            cancel_teardown_timeout: Duration::from_secs(20),
-            ..base
+        if let Some(v) = o.max_sessions {
+            c.max_sessions = v;
         }
+        c
     }
 }
 
-const S: Mode = Mode::Swarm;
-const O: Mode = Mode::Off;
-const N: Mode = Mode::On;
-
-/// Every built-in scenario.
+/// Every scenario of the library (the files embedded at build time, see `scenario_file`).
+/// Panics if one does not load: `cargo test -p sim` loads them all first.
 pub fn scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "smoke",
-            about: "3 executors, 60 jobs over 2 min, swarm over every family (the fast default)",
-            executors: 3,
-            jobs: 60,
-            arrival: 100 * SEC,
-            fault_window: 120 * SEC,
-            job_mean: 3 * SEC,
-            job_max: 40 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [S; 12],
-            tight: false,
-        },
-        Scenario {
-            name: "calm",
-            about: "3 executors, 60 jobs, no faults at all: the baseline every rule must pass",
-            executors: 3,
-            jobs: 60,
-            arrival: 60 * SEC,
-            fault_window: 0,
-            job_mean: 3 * SEC,
-            job_max: 30 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [O; 12],
-            tight: false,
-        },
-        Scenario {
-            name: "fleet-5x1000",
-            about:
-                "5 executors, 1,000 jobs over 10 simulated minutes, swarm faults (the benchmark)",
-            executors: 5,
-            jobs: 1000,
-            arrival: 540 * SEC,
-            fault_window: 600 * SEC,
-            job_mean: 2 * SEC,
-            job_max: 45 * SEC,
-            seats: (3, 6),
-            codec_fraction: 0.25,
-            modes: [S; 12],
-            tight: false,
-        },
-        Scenario {
-            name: "partitions",
-            about: "4 executors, 150 jobs: partitions, one-way clogs, latency spikes, resets",
-            executors: 4,
-            jobs: 150,
-            arrival: 240 * SEC,
-            fault_window: 300 * SEC,
-            job_mean: 4 * SEC,
-            job_max: 60 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [N, N, N, N, O, O, O, O, O, S, O, O],
-            tight: false,
-        },
-        Scenario {
-            name: "crashes",
-            about: "4 executors, 150 jobs: executor crashes and disk wipes, mill restarts",
-            executors: 4,
-            jobs: 150,
-            arrival: 240 * SEC,
-            fault_window: 300 * SEC,
-            job_mean: 4 * SEC,
-            job_max: 60 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [O, O, O, S, N, N, N, O, O, S, S, O],
-            tight: false,
-        },
-        Scenario {
-            name: "byzantine",
-            about: "5 executors, some misbehaving: they must end quarantined, nobody else harmed",
-            executors: 5,
-            jobs: 150,
-            arrival: 180 * SEC,
-            fault_window: 200 * SEC,
-            job_mean: 3 * SEC,
-            job_max: 40 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [S, O, O, S, S, O, S, N, O, S, S, O],
-            tight: false,
-        },
-        Scenario {
-            name: "quota",
-            about:
-                "4 executors, 200 jobs: tight quotas, denials, re-bids, cancels, invalid submits",
-            executors: 4,
-            jobs: 200,
-            arrival: 200 * SEC,
-            fault_window: 220 * SEC,
-            job_mean: 4 * SEC,
-            job_max: 40 * SEC,
-            seats: (2, 5),
-            codec_fraction: 1.0,
-            modes: [O, O, O, S, S, O, S, O, O, N, N, N],
-            tight: false,
-        },
-        Scenario {
-            name: "wide",
-            about: "16 executors, 400 jobs over 4 min, swarm over every family: more concurrency",
-            executors: 16,
-            jobs: 400,
-            arrival: 220 * SEC,
-            fault_window: 240 * SEC,
-            job_mean: 4 * SEC,
-            job_max: 40 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [S; 12],
-            tight: false,
-        },
-        Scenario {
-            name: "tight",
-            about:
-                "4 executors, 150 jobs, timers 3x tighter than production: timeouts race messages",
-            executors: 4,
-            jobs: 150,
-            arrival: 150 * SEC,
-            fault_window: 180 * SEC,
-            job_mean: 2 * SEC,
-            job_max: 20 * SEC,
-            seats: (1, 4),
-            codec_fraction: 1.0,
-            modes: [S; 12],
-            tight: true,
-        },
-        Scenario {
-            name: "teardown",
-            about:
-                "3 executors, 80 jobs: engines slow to stop, cancels, partitions (M26 deadlines)",
-            executors: 3,
-            jobs: 80,
-            arrival: 150 * SEC,
-            fault_window: 180 * SEC,
-            job_mean: 8 * SEC,
-            job_max: 60 * SEC,
-            seats: (1, 3),
-            codec_fraction: 1.0,
-            modes: [S, S, O, S, O, O, S, O, N, N, O, O],
-            tight: false,
-        },
-    ]
+    crate::scenario_file::embedded().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Looks a scenario up by name.
+/// Looks a scenario of the library up by name.
 pub fn scenario(name: &str) -> Option<Scenario> {
     scenarios().into_iter().find(|s| s.name == name)
 }
@@ -324,7 +324,8 @@ impl Swarm {
         let mut on = [None; 12];
         let mut swarmed = Vec::new();
         for f in Family::ALL {
-            let intensity = 0.15 + 0.85 * rng.unit();
+            let drawn = 0.15 + 0.85 * rng.unit();
+            let intensity = scenario.intensity[f as usize].unwrap_or(drawn);
             let coin = rng.chance(0.5);
             match scenario.mode(f) {
                 Mode::Off => {}
@@ -674,6 +675,13 @@ impl SeedPlan {
             scenario.executors,
             &mut fault_rng,
         );
+        // Scripted faults join the drawn ones; a stable sort keeps drawn-before-scripted at
+        // equal times, and leaves a plan without a script exactly as drawn.
+        let mut faults = faults;
+        if !scenario.script.is_empty() {
+            faults.faults.extend(scenario.script.iter().cloned());
+            faults.faults.sort_by_key(|(t, _)| *t);
+        }
         SeedPlan {
             seed,
             swarm,
@@ -691,6 +699,7 @@ mod tests {
         let all = scenarios();
         for s in &all {
             assert!(s.mill_config().validate().is_ok(), "{}", s.name);
+            assert!(!s.about.is_empty(), "{}", s.name);
             assert_eq!(all.iter().filter(|o| o.name == s.name).count(), 1);
         }
     }

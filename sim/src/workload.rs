@@ -13,7 +13,7 @@ use millrace_core::Resources;
 
 use crate::byzantine::ByzKind;
 use crate::rng::Rng;
-use crate::scenario::{Family, Micros, Scenario, Swarm, MS, SEC};
+use crate::scenario::{Family, Knobs, Micros, Scenario, Swarm, MS, SEC};
 
 /// One executor of the fleet.
 #[derive(Debug, Clone)]
@@ -70,65 +70,24 @@ const LABELS: [(&str, f64); 4] = [("linux", 0.8), ("arm", 0.3), ("gpu", 0.2), ("
 impl Workload {
     /// Draws the fleet and the workload. `byz` decides which executors misbehave.
     pub fn draw(scenario: &Scenario, swarm: &Swarm, rng: &mut Rng, byz: &mut Rng) -> Workload {
-        let n = scenario.executors.max(1);
-        let mut fleet = Vec::with_capacity(n);
-        for i in 0..n {
-            let labels: BTreeSet<String> = LABELS
+        let fleet = match &scenario.fleet {
+            Some(list) => list
                 .iter()
-                .filter(|(_, p)| rng.chance(*p))
-                .map(|(l, _)| l.to_string())
-                .collect();
-            let mut engines = BTreeMap::new();
-            let (lo, hi) = scenario.seats;
-            let cpu = *rng.pick(&[4000u64, 8000, 16000]);
-            engines.insert(
-                "shell".to_string(),
-                EngineConfig {
-                    capacity: rng.range(u64::from(lo), u64::from(hi)) as u32,
-                    resources: Resources::from([("cpu_millis".to_string(), cpu)]),
-                },
-            );
-            if rng.chance(0.5) {
-                let mem = *rng.pick(&[4096u64, 8192]);
-                engines.insert(
-                    "docker".to_string(),
-                    EngineConfig {
-                        capacity: rng.range(u64::from(lo), u64::from(hi)) as u32,
-                        resources: Resources::from([("memory_mb".to_string(), mem)]),
-                    },
-                );
-            }
-            let slow_stop = swarm
-                .get(Family::SlowStop)
-                .is_some_and(|p| rng.chance(0.3 + 0.7 * p));
-            let extra_charge = swarm
-                .get(Family::Quota)
-                .filter(|_| rng.chance(0.5))
-                .map(|_| ("disk_mb".to_string(), rng.range(1, 3)));
-            fleet.push(ExecSpec {
-                name: format!("x{i}"),
-                labels,
-                engines,
-                byzantine: None,
-                slow_stop,
-                extra_charge,
-            });
-        }
-        if let Some(p) = swarm.get(Family::Byzantine) {
-            // At most a third of the fleet (at least one), never everyone.
-            let max = (n / 3).max(1).min(n.saturating_sub(1));
-            let k = ((max as f64 * p).ceil() as usize).clamp(1, max.max(1));
-            if n > 1 {
-                let mut idx: Vec<usize> = (0..n).collect();
-                for _ in 0..k {
-                    let j = byz.index(idx.len());
-                    let i = idx.swap_remove(j);
-                    fleet[i].byzantine = Some(*byz.pick(&ByzKind::ALL));
-                }
-            }
-        }
+                .map(|t| ExecSpec {
+                    name: t.name.clone(),
+                    labels: t.labels.clone(),
+                    engines: t.engines.clone(),
+                    byzantine: t.byzantine,
+                    slow_stop: t.slow_stop,
+                    extra_charge: t.extra_charge.clone(),
+                })
+                .collect(),
+            None => draw_fleet(scenario, swarm, rng, byz),
+        };
+        let n = fleet.len();
         let honest: Vec<usize> = (0..n).filter(|i| fleet[*i].byzantine.is_none()).collect();
 
+        let knobs = &scenario.knobs;
         let quota_on = swarm.get(Family::Quota);
         let quota = match quota_on {
             Some(q) => {
@@ -148,32 +107,60 @@ impl Workload {
             }
             None => QuotaConfig::default(),
         };
+        let quota = knobs.quota.clone().unwrap_or(quota);
         let max_pending = match quota_on {
             Some(q) => 8 + ((1.0 - q) * 40.0) as usize,
             None => 10_000,
         };
+        let max_pending = knobs.max_pending.unwrap_or(max_pending);
 
         let cancel_p = swarm.get(Family::Cancel).map_or(0.0, |i| 0.3 * i);
+        let cancel_p = knobs.cancel_rate.unwrap_or(cancel_p);
+        let cancel_within = knobs.cancel_within.unwrap_or(2 * scenario.job_mean + SEC);
         let invalid_p = swarm.get(Family::InvalidSubmit).map_or(0.0, |i| 0.1 * i);
+        let invalid_p = knobs.invalid_rate.unwrap_or(invalid_p);
+        let burst = knobs
+            .burst
+            .or_else(|| quota_on.is_some().then_some(0.1))
+            .unwrap_or(0.0);
         let mut times: Vec<Micros> = (0..scenario.jobs)
             .map(|_| rng.range(0, scenario.arrival.max(1)))
             .collect();
         times.sort_unstable();
-        if quota_on.is_some() {
-            // Bursts: a tenth of the jobs arrive with their predecessor (M10, Q2).
+        if burst > 0.0 {
+            // Bursts: a share of the jobs arrive with their predecessor (M10, Q2).
             for i in 1..times.len() {
-                if rng.chance(0.1) {
+                if rng.chance(burst) {
                     times[i] = times[i - 1];
                 }
             }
         }
         let mut arrivals = Vec::with_capacity(times.len() + times.len() / 8);
         for (k, at) in times.into_iter().enumerate() {
-            let h = &fleet[*rng.pick(&honest)];
-            let spec = job_spec(rng, h, k, quota_on.is_some());
-            let cancel_after = rng
-                .chance(cancel_p)
-                .then(|| rng.range(0, 2 * scenario.job_mean + SEC));
+            // A label constraint (M13): only the part of the fleet holding the labels may
+            // take the job, and the spec is drawn from one of those executors.
+            let mut required = None;
+            for (labels, share) in &knobs.require {
+                if rng.chance(*share) {
+                    required = Some(labels);
+                    break;
+                }
+            }
+            let hosts: Vec<usize> = match required {
+                Some(l) => honest
+                    .iter()
+                    .copied()
+                    .filter(|i| l.is_subset(&fleet[*i].labels))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let hosts = if hosts.is_empty() { &honest } else { &hosts };
+            let h = &fleet[*rng.pick(hosts)];
+            let mut spec = job_spec(rng, h, k, quota_on.is_some(), knobs);
+            if let Some(l) = required.filter(|l| l.is_subset(&h.labels)) {
+                spec.labels = l.clone();
+            }
+            let cancel_after = rng.chance(cancel_p).then(|| rng.range(0, cancel_within));
             arrivals.push((at, Arrival::Job { spec, cancel_after }));
             if rng.chance(invalid_p) {
                 let (spec, what) = invalid_spec(rng, k);
@@ -190,7 +177,70 @@ impl Workload {
     }
 }
 
-fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool) -> JobSpec {
+/// Draws a fleet of `scenario.executors` executors (labels, engines, seats, slow engines,
+/// different charges, and the violators the swarm asks for).
+fn draw_fleet(scenario: &Scenario, swarm: &Swarm, rng: &mut Rng, byz: &mut Rng) -> Vec<ExecSpec> {
+    let n = scenario.executors.max(1);
+    let mut fleet = Vec::with_capacity(n);
+    for i in 0..n {
+        let labels: BTreeSet<String> = LABELS
+            .iter()
+            .filter(|(_, p)| rng.chance(*p))
+            .map(|(l, _)| l.to_string())
+            .collect();
+        let mut engines = BTreeMap::new();
+        let (lo, hi) = scenario.seats;
+        let cpu = *rng.pick(&[4000u64, 8000, 16000]);
+        engines.insert(
+            "shell".to_string(),
+            EngineConfig {
+                capacity: rng.range(u64::from(lo), u64::from(hi)) as u32,
+                resources: Resources::from([("cpu_millis".to_string(), cpu)]),
+            },
+        );
+        if rng.chance(0.5) {
+            let mem = *rng.pick(&[4096u64, 8192]);
+            engines.insert(
+                "docker".to_string(),
+                EngineConfig {
+                    capacity: rng.range(u64::from(lo), u64::from(hi)) as u32,
+                    resources: Resources::from([("memory_mb".to_string(), mem)]),
+                },
+            );
+        }
+        let slow_stop = swarm
+            .get(Family::SlowStop)
+            .is_some_and(|p| rng.chance(0.3 + 0.7 * p));
+        let extra_charge = swarm
+            .get(Family::Quota)
+            .filter(|_| rng.chance(0.5))
+            .map(|_| ("disk_mb".to_string(), rng.range(1, 3)));
+        fleet.push(ExecSpec {
+            name: format!("x{i}"),
+            labels,
+            engines,
+            byzantine: None,
+            slow_stop,
+            extra_charge,
+        });
+    }
+    if let Some(p) = swarm.get(Family::Byzantine) {
+        // At most a third of the fleet (at least one), never everyone.
+        let max = (n / 3).max(1).min(n.saturating_sub(1));
+        let k = ((max as f64 * p).ceil() as usize).clamp(1, max.max(1));
+        if n > 1 {
+            let mut idx: Vec<usize> = (0..n).collect();
+            for _ in 0..k {
+                let j = byz.index(idx.len());
+                let i = idx.swap_remove(j);
+                fleet[i].byzantine = Some(*byz.pick(&ByzKind::ALL));
+            }
+        }
+    }
+    fleet
+}
+
+fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) -> JobSpec {
     let engines: Vec<&String> = on.engines.keys().collect();
     let engine = (*rng.pick(&engines)).clone();
     let labels: BTreeSet<String> = on
@@ -217,13 +267,14 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool) -> JobSpec {
             resources.insert("cpu_millis".to_string(), 7000);
         } else if rng.chance(0.6) {
             // Up to a quarter of the engine: CI jobs share a machine.
-            resources.insert("cpu_millis".to_string(), rng.range(100, (cpu / 4).max(200)));
+            let (lo, hi) = knobs.cpu_millis.unwrap_or((100, (cpu / 4).max(200)));
+            resources.insert("cpu_millis".to_string(), rng.range(lo, hi));
         }
     } else if rng.chance(0.6) {
         let mem = total("memory_mb").max(512);
         resources.insert("memory_mb".to_string(), rng.range(128, mem / 2));
     }
-    let owner = rng.index(4);
+    let owner = rng.index(knobs.owners.unwrap_or(4));
     let identity = Identity {
         owner: format!("o{owner}"),
         repo: format!("o{owner}/r{}", rng.index(3)),

@@ -1,0 +1,100 @@
+//! `cargo test -p sim`: every file of the scenario library (`scenarios/*.toml`) over its own
+//! fixed seeds (`expect.seeds`): no invariant may fail, and every rare path the file names in
+//! `expect.reach` must be reached, summed over those seeds. A scenario whose scripted faults
+//! stop hitting their target fails here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use sim::coverage::Coverage;
+use sim::report::{failure_report, REPORT_LINES};
+use sim::scenario::Scenario;
+use sim::scenario_file;
+
+/// Runs `s` over its seeds; the first failure panics with its report.
+fn run_all(s: &Scenario) -> Coverage {
+    let mut total = Coverage::default();
+    for seed in 0..s.expect.seeds {
+        let o = sim::run_fast(s, seed);
+        total.add(&o.coverage);
+        if o.failure.is_some() {
+            let traced = sim::run_traced(s, seed, REPORT_LINES);
+            panic!("{}", failure_report(&o, Some(&traced)));
+        }
+    }
+    total
+}
+
+#[test]
+fn every_scenario_file_holds_every_invariant_and_reaches_its_rare_paths() {
+    let all = scenario_file::embedded().unwrap_or_else(|e| panic!("{e}"));
+    assert!(all.len() >= 22, "only {} scenario files", all.len());
+    // Two workers, scenarios dealt alternately (the machine has two cores).
+    let halves: Vec<Vec<&Scenario>> = vec![
+        all.iter().step_by(2).collect(),
+        all.iter().skip(1).step_by(2).collect(),
+    ];
+    let results: Vec<(String, Coverage)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = halves
+            .into_iter()
+            .map(|half| {
+                scope.spawn(move || {
+                    half.into_iter()
+                        .map(|s| (s.name.clone(), run_all(s)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    let mut missed = Vec::new();
+    for s in &all {
+        let cov = &results.iter().find(|(n, _)| *n == s.name).unwrap().1;
+        let counts: Vec<String> = s
+            .expect
+            .reach
+            .iter()
+            .map(|p| format!("{}={}", p.key(), cov.get(*p)))
+            .collect();
+        println!(
+            "{:<24} seeds 0..{:<3} {}",
+            s.name,
+            s.expect.seeds,
+            counts.join(" ")
+        );
+        for p in &s.expect.reach {
+            if cov.get(*p) == 0 {
+                missed.push(format!("{}: {}", s.name, p.key()));
+            }
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "rare paths a scenario names in expect.reach were never reached: {missed:?}"
+    );
+}
+
+#[test]
+fn every_scenario_names_its_seeds_and_rare_paths() {
+    for s in scenario_file::embedded().unwrap() {
+        assert!(
+            !s.expect.reach.is_empty() && s.expect.seeds > 0,
+            "{}: expect.reach is empty: a scenario must say what it targets",
+            s.name
+        );
+    }
+}
+
+#[test]
+fn the_source_directory_and_the_embedded_library_agree() {
+    let dir = std::path::Path::new(scenario_file::SOURCE_DIR);
+    let from_disk = scenario_file::load_dir(dir).unwrap_or_else(|e| panic!("{e}"));
+    let embedded = scenario_file::embedded().unwrap();
+    let a: Vec<&str> = from_disk.iter().map(|s| s.name.as_str()).collect();
+    let b: Vec<&str> = embedded.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(a, b);
+}
