@@ -370,7 +370,7 @@ pub fn load_dir(dir: &FsPath) -> Result<Vec<Scenario>, LoadError> {
         field: String::new(),
         message: format!("cannot read the scenario directory: {e}"),
     })?;
-    let mut paths: Vec<_> = entries
+    let paths: Vec<_> = entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
@@ -1176,6 +1176,28 @@ reach = ["commit-resent"]
             e.starts_with(
                 "scenarios/t.toml:20: expect.reach[0]: unknown rare-path counter \"commit-resend\""
             ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn invariants_and_config_are_checked() {
+        let s = load(&GOOD.replace("[expect]", "[expect]\ninvariants = [\"I1\", \"I9\"]")).unwrap();
+        assert!(s.checks("I1") && s.checks("I9") && !s.checks("I3"));
+        let e = err(&GOOD.replace("[expect]", "[expect]\ninvariants = [\"I11\"]"));
+        assert!(
+            e.starts_with("scenarios/t.toml:20: expect.invariants[0]: unknown invariant \"I11\""),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("[expect]", "[config]\nbid_timeout = \"0s\"\n\n[expect]"));
+        assert!(e.starts_with("scenarios/t.toml:"), "{e}");
+        assert!(e.contains(": config: invalid mill config"), "{e}");
+        let e = err(&GOOD.replace(
+            "executors = 2",
+            "executors = 2\n[[topology.executor]]\nname = \"a\"",
+        ));
+        assert!(
+            e.starts_with("scenarios/t.toml:5: topology.executors: give either"),
             "{e}"
         );
     }
