@@ -98,3 +98,25 @@ fn the_source_directory_and_the_embedded_library_agree() {
     let b: Vec<&str> = embedded.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(a, b);
 }
+
+#[test]
+fn i10_every_scenario_file_replays_to_the_same_trace_hash() {
+    // Scripted faults, explicit fleets and the watch counters must not cost determinism,
+    // and tracing must not change a run.
+    for s in scenario_file::embedded().unwrap() {
+        let a = sim::run_traced(&s, 1, 0);
+        let b = sim::run_traced(&s, 1, 0);
+        let fast = sim::run_fast(&s, 1);
+        assert_eq!(
+            a.trace_hash, b.trace_hash,
+            "{}: two runs differ (I10)",
+            s.name
+        );
+        assert_eq!(
+            a.coverage, fast.coverage,
+            "{}: tracing changed the run",
+            s.name
+        );
+        assert_eq!(a.stats.events, fast.stats.events, "{}", s.name);
+    }
+}
