@@ -248,8 +248,8 @@ fn quality(
     seed: u64,
 ) -> ExitCode {
     let mut failed = false;
-    out!("| load | jobs measured | top_k | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit→placed p50 / p99 | wall |");
-    out!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    out!("| load | jobs measured | top_k | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit→placed p50 / p99 | ideal + 4 trips mean / p99 | wall |");
+    out!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &load in loads {
         let mut setup = sim::quality::Setup::sparrow(load);
         setup.executors = executors;
@@ -262,7 +262,7 @@ fn quality(
         let wall = began.elapsed().as_secs_f64();
         let ms = |us: f64| us / 1000.0;
         out!(
-            "| {:.0}% | {} | {} | {:.1} ms | {:.1} ms | {:.3} | {:.1} ms | {:.1} ms | {:.3} | {:.1} / {:.1} ms | {wall:.1} s |",
+            "| {:.0}% | {} | {} | {:.1} ms | {:.1} ms | {:.3} | {:.1} ms | {:.1} ms | {:.3} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {wall:.1} s |",
             load * 100.0,
             r.measured,
             r.top_k,
@@ -274,6 +274,8 @@ fn quality(
             r.p99_ratio(),
             ms(r.placed.p50 as f64),
             ms(r.placed.p99 as f64),
+            ms(r.protocol.mean),
+            ms(r.protocol.p99 as f64),
         );
         if let Some(f) = &r.failure {
             failed = true;
