@@ -1,4 +1,4 @@
-//! `millrace-sim`: fuzz seeds, replay one, list scenarios.
+//! `millrace-sim`: fuzz seeds, replay one, list scenarios, measure placement quality.
 //!
 //! Exit codes: 0 all good, 1 an invariant failed, 2 bad arguments.
 
