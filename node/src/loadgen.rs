@@ -341,8 +341,9 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     );
     println!("jobs committed: {} (events lagged: {lagged})", h.len());
     println!(
-        "submit -> committed: p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
+        "submit -> committed: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
         h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.9) as f64 / 1000.0,
         h.value_at_quantile(0.99) as f64 / 1000.0,
         h.value_at_quantile(0.999) as f64 / 1000.0,
         h.max() as f64 / 1000.0

@@ -169,6 +169,10 @@ pub struct Sim {
     deadline: Option<Micros>,
     /// Counts the situations scenario files target (`watch`).
     watch: Watch,
+    /// Per-job submit, placement and terminal times (latency and quality reports).
+    pub times: crate::latency::JobTimes,
+    /// Exact job durations instead of the engine model's (placement-quality runs).
+    pub durations: Option<crate::quality::Durations>,
 }
 
 fn t(m: Micros) -> Time {
@@ -188,10 +192,22 @@ impl Sim {
 
     /// Builds the world of `seed` in `scenario`.
     pub fn new(scenario: &Scenario, seed: u64, trace: Trace) -> Sim {
+        Sim::with_workload(scenario, seed, trace, None)
+    }
+
+    /// Builds the world of `seed` in `scenario`, with `workload` instead of the drawn one
+    /// when given (placement-quality runs bring their own fleet and arrivals).
+    pub fn with_workload(
+        scenario: &Scenario,
+        seed: u64,
+        trace: Trace,
+        workload: Option<Workload>,
+    ) -> Sim {
         let plan = SeedPlan::new(scenario, seed);
         let mut wl_rng = Rng::new(seed, Purpose::Workload);
         let mut byz = Rng::new(seed, Purpose::Byzantine);
-        let workload = Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz);
+        let workload = workload
+            .unwrap_or_else(|| Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz));
         let mut process = Rng::new(seed, Purpose::Process);
         let mut mill_cfg = scenario.mill_config();
         mill_cfg.quota = workload.quota.clone();
@@ -285,6 +301,8 @@ impl Sim {
             done: false,
             deadline: None,
             watch: Watch::default(),
+            times: Default::default(),
+            durations: None,
         }
     }
 
@@ -594,9 +612,10 @@ impl Sim {
                 for write in &batch.writes {
                     if let MillWrite::JobState {
                         state: JobState::Done(t),
-                        ..
+                        job,
                     } = write
                     {
+                        self.times.terminal(*job, now);
                         let error = t.error.as_deref().unwrap_or("");
                         if t.status == TerminalStatus::Timeout {
                             self.cov.hit(Path::JobTimeout);
@@ -690,7 +709,10 @@ impl Sim {
                         }
                     }
                 }
-                Observation::Placed { .. } | Observation::Refused { .. } => {}
+                Observation::Placed { job, latency, .. } => {
+                    self.times.placed(job, now, latency);
+                }
+                Observation::Refused { .. } => {}
             },
         }
     }
@@ -928,8 +950,31 @@ impl Sim {
                 let r = self.c.start(&self.w, i, lease, job, &spec);
                 self.check(r);
                 let inc = self.w.execs[i].inc;
+                let exact = self.durations.as_ref().map(|d| d.of(&spec));
                 let rng = &mut self.engines;
-                if rng.chance(0.01) {
+                if let Some(d) = exact {
+                    // The engine starts at once, runs exactly `d` and succeeds.
+                    self.at(
+                        now,
+                        Ev::EngineStart {
+                            exec: i,
+                            inc,
+                            lease,
+                        },
+                    );
+                    self.at(
+                        now + d,
+                        Ev::EngineExit {
+                            exec: i,
+                            inc,
+                            lease,
+                            how: Exit::Natural {
+                                success: true,
+                                code: 0,
+                            },
+                        },
+                    );
+                } else if rng.chance(0.01) {
                     let at = now + rng.range(MS, 50 * MS);
                     self.at(
                         at,
@@ -1779,6 +1824,7 @@ impl Sim {
                 match r {
                     Some(Ok(Reply::Submitted(job))) => {
                         if self.c.inserted(job) {
+                            self.times.submitted(job, now);
                             self.w.arrivals_done += 1;
                             self.stats.accepted += 1;
                             self.w.job_of_arrival[k] = Some(job);

@@ -13,7 +13,8 @@
 //! situations), `workload`
 //! (fleet and jobs), `net` (connections), `byzantine` (violators), `world` (state), `driver`
 //! (the event loop), `checkers` (invariants), `coverage` (rare paths), `trace` (lines, hash),
-//! `report` (failure reports).
+//! `report` (failure reports), `latency` (per-job times of a run), `quality` (placement
+//! quality against an omniscient scheduler).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -21,7 +22,9 @@ pub mod byzantine;
 pub mod checkers;
 pub mod coverage;
 pub mod driver;
+pub mod latency;
 pub mod net;
+pub mod quality;
 pub mod report;
 pub mod rng;
 pub mod scenario;
@@ -59,6 +62,8 @@ pub struct Outcome {
     pub coverage: Coverage,
     /// Counters.
     pub stats: Stats,
+    /// Per-job submit, placement and terminal times.
+    pub times: latency::JobTimes,
     /// The trace hash, when traced.
     pub trace_hash: Option<String>,
     /// Trace lines recorded.
@@ -92,6 +97,7 @@ pub fn run(scenario: &Scenario, seed: u64, trace: Trace) -> Outcome {
         end: sim.w.now,
         coverage: sim.cov.clone(),
         stats: sim.stats,
+        times: std::mem::take(&mut sim.times),
         trace_hash: traced.then(|| sim.trace.hash()),
         trace_lines: sim.trace.count(),
         last_lines: sim.trace.last_lines(),

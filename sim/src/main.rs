@@ -1,4 +1,4 @@
-//! `millrace-sim`: fuzz seeds, replay one, list scenarios.
+//! `millrace-sim`: fuzz seeds, replay one, list scenarios, measure placement quality.
 //!
 //! Exit codes: 0 all good, 1 an invariant failed, 2 bad arguments.
 
@@ -80,6 +80,24 @@ enum Command {
     },
     /// Lists the scenario library: name and what each exercises.
     List,
+    /// Placement quality against an omniscient scheduler (Sparrow-style; see `sim::quality`).
+    Quality {
+        /// Offered loads, comma-separated.
+        #[arg(long, default_value = "0.5,0.8,0.9", value_delimiter = ',')]
+        loads: Vec<f64>,
+        /// One-seat executors.
+        #[arg(long, default_value_t = 1000)]
+        executors: usize,
+        /// Seconds of arrivals (the first second is warm-up).
+        #[arg(long, default_value_t = 6)]
+        seconds: u64,
+        /// The mill's top_k (executors asked per placement); default: the mill's default.
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// The seed of arrivals and durations.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// The library: embedded, or loaded from `--scenarios DIR`.
@@ -141,6 +159,13 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Quality {
+            loads,
+            executors,
+            seconds,
+            top_k,
+            seed,
+        } => quality(&loads, executors, seconds, top_k, seed),
         Command::Fuzz {
             seeds,
             start,
@@ -264,4 +289,57 @@ fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCod
     }
     out!("trace-hash: {}", o.trace_hash.unwrap_or_default());
     code
+}
+
+fn quality(
+    loads: &[f64],
+    executors: usize,
+    seconds: u64,
+    top_k: Option<usize>,
+    seed: u64,
+) -> ExitCode {
+    let mut failed = false;
+    out!("| load | jobs measured | top_k | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit→placed p50 / p99 | ideal + 4 trips mean / p99 | wall |");
+    out!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &load in loads {
+        let mut setup = sim::quality::Setup::sparrow(load);
+        setup.executors = executors;
+        setup.arrival = seconds.max(2) * SEC;
+        setup.top_k = top_k;
+        setup.seed = seed;
+        eprintln!("quality: load {load} ...");
+        let began = Instant::now();
+        let r = sim::quality::run(&setup);
+        let wall = began.elapsed().as_secs_f64();
+        let ms = |us: f64| us / 1000.0;
+        out!(
+            "| {:.0}% | {} | {} | {:.1} ms | {:.1} ms | {:.3} | {:.1} ms | {:.1} ms | {:.3} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {wall:.1} s |",
+            load * 100.0,
+            r.measured,
+            r.top_k,
+            ms(r.mill.mean),
+            ms(r.ideal.mean),
+            r.mean_ratio(),
+            ms(r.mill.p99 as f64),
+            ms(r.ideal.p99 as f64),
+            r.p99_ratio(),
+            ms(r.placed.p50 as f64),
+            ms(r.placed.p99 as f64),
+            ms(r.protocol.mean),
+            ms(r.protocol.p99 as f64),
+        );
+        if let Some(f) = &r.failure {
+            failed = true;
+            eprintln!("  load {load}: the run broke a rule: {f}");
+        }
+        if r.missing > 0 {
+            failed = true;
+            eprintln!("  load {load}: {} measured jobs never ended", r.missing);
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

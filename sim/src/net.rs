@@ -97,6 +97,8 @@ pub struct Net {
     rng: Rng,
     /// Messages sent.
     pub sent: u64,
+    /// Every packet takes exactly this long, when set (placement-quality runs).
+    pub fixed_latency: Option<Micros>,
 }
 
 impl Net {
@@ -112,6 +114,7 @@ impl Net {
             spike: 0,
             rng,
             sent: 0,
+            fixed_latency: None,
         }
     }
 
@@ -138,6 +141,9 @@ impl Net {
 
     /// One latency sample: a base of 0.1–1 ms, a 1% tail up to 150 ms, plus spikes.
     pub fn latency(&mut self) -> Micros {
+        if let Some(fixed) = self.fixed_latency {
+            return fixed + self.spike;
+        }
         let base = self.rng.range(100, MS);
         let tail = if self.rng.chance(0.01) {
             self.rng.range(5 * MS, 150 * MS)
