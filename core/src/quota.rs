@@ -46,6 +46,30 @@ impl Scope {
             Scope::Repo(identity.repo.clone()),
         ]
     }
+
+    /// The scope's kind and name, as the ledger's per-kind maps key it.
+    fn parts(&self) -> (Kind, &str) {
+        match self {
+            Scope::Owner(name) => (Kind::Owner, name),
+            Scope::Repo(name) => (Kind::Repo, name),
+        }
+    }
+}
+
+/// The kind of a scope: the index of the ledger's per-kind maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Owner = 0,
+    Repo = 1,
+}
+
+/// The two scopes of `identity` by kind and borrowed name, owner first (the order of
+/// [`Scope::of`]), so the ledger's hot paths look scopes up without building `Scope`s.
+fn scopes_of(identity: &Identity) -> [(Kind, &str); 2] {
+    [
+        (Kind::Owner, identity.owner.as_str()),
+        (Kind::Repo, identity.repo.as_str()),
+    ]
 }
 
 impl fmt::Display for Scope {
@@ -77,9 +101,14 @@ impl QuotaConfig {
     /// The limit of `resource` in `scope`: the scope's override if it names the resource,
     /// else the default for the scope's kind, else `None` (unlimited).
     pub fn limit(&self, scope: &Scope, resource: &str) -> Option<u64> {
-        let (defaults, overrides, name) = match scope {
-            Scope::Owner(name) => (&self.owner_defaults, &self.owner_overrides, name),
-            Scope::Repo(name) => (&self.repo_defaults, &self.repo_overrides, name),
+        let (kind, name) = scope.parts();
+        self.limit_of(kind, name, resource)
+    }
+
+    fn limit_of(&self, kind: Kind, name: &str, resource: &str) -> Option<u64> {
+        let (defaults, overrides) = match kind {
+            Kind::Owner => (&self.owner_defaults, &self.owner_overrides),
+            Kind::Repo => (&self.repo_defaults, &self.repo_overrides),
         };
         overrides
             .get(name)
@@ -135,16 +164,17 @@ struct Waiter {
 pub struct QuotaLedger {
     config: QuotaConfig,
     holds: BTreeMap<JobId, Entry>,
-    /// Sum of the holds' charges per scope. Kept in `u128` so that the sum is exact whatever
-    /// the number of holds (reported saturated to `u64`); zero entries and empty scopes are
-    /// removed.
-    usage: BTreeMap<Scope, BTreeMap<String, u128>>,
+    /// Sum of the holds' charges per scope, by kind (`Kind` indexes it) then scope name, so
+    /// that a hold's scopes are found by borrowed name without cloning them. Kept in `u128`
+    /// so that the sum is exact whatever the number of holds (reported saturated to `u64`);
+    /// zero entries and empty scopes are removed.
+    usage: [BTreeMap<String, BTreeMap<String, u128>>; 2],
     /// Waiters by id.
     waiting: BTreeMap<JobId, Waiter>,
     /// Waiters in arrival order.
     queue: BTreeMap<u64, JobId>,
-    /// How many waiters each scope has; scopes with none are absent.
-    waiters_per_scope: BTreeMap<Scope, usize>,
+    /// How many waiters each scope has, by kind then name; scopes with none are absent.
+    waiters_per_scope: [BTreeMap<String, usize>; 2],
     /// The arrival number of the next waiter.
     next_arrival: u64,
 }
@@ -210,9 +240,9 @@ impl QuotaLedger {
             charge: charge.clone(),
         };
         // An empty charge takes nothing from anyone, so it never waits.
-        let behind_waiters = Scope::of(identity)
+        let behind_waiters = scopes_of(identity)
             .iter()
-            .any(|s| self.waiters_per_scope.contains_key(s));
+            .any(|&(kind, name)| self.waiters_per_scope[kind as usize].contains_key(name));
         if charge.is_empty() || (!behind_waiters && self.fits(&entry)) {
             self.add_hold(id, entry);
             Ok(Acquire::Allowed)
@@ -252,8 +282,9 @@ impl QuotaLedger {
     ///
     /// A sum beyond `u64::MAX` (only possible for an unlimited resource) reads as `u64::MAX`.
     pub fn usage(&self, scope: &Scope) -> Resources {
-        self.usage
-            .get(scope)
+        let (kind, name) = scope.parts();
+        self.usage[kind as usize]
+            .get(name)
             .map(|used| {
                 used.iter()
                     .map(|(name, &amount)| {
@@ -298,10 +329,14 @@ impl QuotaLedger {
     /// Why `charge` alone exceeds a limit of one of `identity`'s scopes, if it does. Scopes
     /// are checked owner first, resources in name order, so the reason is deterministic.
     fn denial(&self, identity: &Identity, charge: &Resources) -> Option<String> {
-        Scope::of(identity).iter().find_map(|scope| {
+        scopes_of(identity).iter().find_map(|&(kind, name)| {
             charge.iter().find_map(|(resource, &amount)| {
-                let limit = self.limit(scope, resource)?;
+                let limit = self.config.limit_of(kind, name, resource)?;
                 (amount > limit).then(|| {
+                    let scope = match kind {
+                        Kind::Owner => Scope::Owner(name.to_string()),
+                        Kind::Repo => Scope::Repo(name.to_string()),
+                    };
                     bounded_reason(
                         format!("{scope}: charge {resource:?}={amount} exceeds the limit {limit}"),
                         MAX_DENIED_REASON,
@@ -313,10 +348,10 @@ impl QuotaLedger {
 
     /// True when `entry`'s charge fits on top of the current usage of both its scopes.
     fn fits(&self, entry: &Entry) -> bool {
-        Scope::of(&entry.identity).iter().all(|scope| {
-            let used = self.usage.get(scope);
+        scopes_of(&entry.identity).iter().all(|&(kind, name)| {
+            let used = self.usage[kind as usize].get(name);
             entry.charge.iter().all(|(resource, &amount)| {
-                let Some(limit) = self.limit(scope, resource) else {
+                let Some(limit) = self.config.limit_of(kind, name, resource) else {
                     return true;
                 };
                 let current = used.and_then(|u| u.get(resource)).copied().unwrap_or(0);
@@ -330,11 +365,19 @@ impl QuotaLedger {
         // Amounts are positive (validated by callers); skipping zeros keeps usage free of
         // zero entries and empty scopes either way.
         if entry.charge.values().any(|&amount| amount > 0) {
-            for scope in Scope::of(&entry.identity) {
-                let used = self.usage.entry(scope).or_default();
+            for (kind, name) in scopes_of(&entry.identity) {
+                let by_name = &mut self.usage[kind as usize];
+                let used = match by_name.get_mut(name) {
+                    Some(used) => used,
+                    None => by_name.entry(name.to_string()).or_default(),
+                };
                 for (resource, &amount) in entry.charge.iter().filter(|(_, &a)| a > 0) {
-                    let slot = used.entry(resource.clone()).or_insert(0);
-                    *slot = slot.saturating_add(u128::from(amount));
+                    match used.get_mut(resource.as_str()) {
+                        Some(slot) => *slot = slot.saturating_add(u128::from(amount)),
+                        None => {
+                            used.insert(resource.clone(), u128::from(amount));
+                        }
+                    }
                 }
             }
         }
@@ -346,8 +389,9 @@ impl QuotaLedger {
         let Some(entry) = self.holds.remove(&id) else {
             return false;
         };
-        for scope in Scope::of(&entry.identity) {
-            let Some(used) = self.usage.get_mut(&scope) else {
+        for (kind, name) in scopes_of(&entry.identity) {
+            let by_name = &mut self.usage[kind as usize];
+            let Some(used) = by_name.get_mut(name) else {
                 continue;
             };
             for (resource, &amount) in &entry.charge {
@@ -359,7 +403,7 @@ impl QuotaLedger {
                 }
             }
             if used.is_empty() {
-                self.usage.remove(&scope);
+                by_name.remove(name);
             }
         }
         true
@@ -371,8 +415,10 @@ impl QuotaLedger {
         }
         let arrival = self.next_arrival;
         self.next_arrival = self.next_arrival.saturating_add(1);
-        for scope in Scope::of(&entry.identity) {
-            let count = self.waiters_per_scope.entry(scope).or_insert(0);
+        for (kind, name) in scopes_of(&entry.identity) {
+            let count = self.waiters_per_scope[kind as usize]
+                .entry(name.to_string())
+                .or_insert(0);
             *count = count.saturating_add(1);
         }
         self.queue.insert(arrival, id);
@@ -383,11 +429,12 @@ impl QuotaLedger {
     fn take_waiter(&mut self, id: JobId) -> Option<Entry> {
         let waiter = self.waiting.remove(&id)?;
         self.queue.remove(&waiter.arrival);
-        for scope in Scope::of(&waiter.entry.identity) {
-            if let Some(count) = self.waiters_per_scope.get_mut(&scope) {
+        for (kind, name) in scopes_of(&waiter.entry.identity) {
+            let counts = &mut self.waiters_per_scope[kind as usize];
+            if let Some(count) = counts.get_mut(name) {
                 *count = count.saturating_sub(1);
                 if *count == 0 {
-                    self.waiters_per_scope.remove(&scope);
+                    counts.remove(name);
                 }
             }
         }

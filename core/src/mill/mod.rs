@@ -319,7 +319,9 @@ pub struct Mill {
     quarantined: BTreeSet<NodeId>,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
 
-    jobs: BTreeMap<JobId, Job>,
+    /// Boxed: a `Job` is a few hundred bytes, and B-tree nodes shift their values on every
+    /// insert and remove.
+    jobs: BTreeMap<JobId, Box<Job>>,
     queue: BTreeSet<JobId>,
     leases: BTreeMap<LeaseId, Lease>,
     node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
@@ -586,11 +588,11 @@ impl Mill {
         });
         self.persist(MillWrite::JobInsert {
             job: id,
-            record: JobRecord {
+            record: Box::new(JobRecord {
                 spec: spec.clone(),
                 submitted_at_ms,
                 state: JobState::Queued,
-            },
+            }),
         });
         let deadline = self
             .now
@@ -598,7 +600,7 @@ impl Mill {
         self.arm(deadline, Timer::JobTimeout(id));
         self.jobs.insert(
             id,
-            Job {
+            Box::new(Job {
                 spec,
                 queued_at: self.now,
                 deadline,
@@ -607,7 +609,7 @@ impl Mill {
                 persisted_beyond_queued: false,
                 waits_for_change: None,
                 incompatible: BTreeMap::new(),
-            },
+            }),
         );
         self.queue.insert(id);
         self.emit(MillOutput::JobUpdate {
@@ -686,8 +688,7 @@ impl Mill {
                 self.node_leases.remove(&l.node);
             }
         }
-        let engine = self.jobs.get(&l.job).map(|j| j.spec.engine.clone());
-        self.seat_released(&l.node, engine.as_deref());
+        self.job_seat_released(&l.node, l.job);
         self.persist(MillWrite::LeaseDelete { lease });
         self.release_quota(l.job, true);
         match terminal {
