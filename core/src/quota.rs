@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -147,7 +148,9 @@ pub enum QuotaError {
 /// What one reservation charges, held or waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    identity: Identity,
+    /// Interned in `QuotaLedger::identities`: most jobs share an identity with other jobs,
+    /// so an entry takes a reference instead of copying both names.
+    identity: Arc<Identity>,
     charge: Resources,
 }
 
@@ -177,6 +180,9 @@ pub struct QuotaLedger {
     waiters_per_scope: [BTreeMap<String, usize>; 2],
     /// The arrival number of the next waiter.
     next_arrival: u64,
+    /// The identities of holds and waiters, each shared by its entries, with how many
+    /// entries hold it; an identity leaves with its last entry.
+    identities: BTreeMap<Identity, (Arc<Identity>, usize)>,
 }
 
 impl QuotaLedger {
@@ -200,6 +206,7 @@ impl QuotaLedger {
         let mut ledger = Self::new(config);
         for (id, identity, charge) in holds {
             ledger.remove_hold(id);
+            let identity = ledger.intern(&identity);
             ledger.add_hold(id, Entry { identity, charge });
         }
         ledger
@@ -219,14 +226,14 @@ impl QuotaLedger {
         charge: &Resources,
     ) -> Result<Acquire, QuotaError> {
         if let Some(held) = self.holds.get(&id) {
-            return if held.identity == *identity && held.charge == *charge {
+            return if *held.identity == *identity && held.charge == *charge {
                 Ok(Acquire::Allowed)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
             };
         }
         if let Some(waiter) = self.waiting.get(&id) {
-            return if waiter.entry.identity == *identity && waiter.entry.charge == *charge {
+            return if *waiter.entry.identity == *identity && waiter.entry.charge == *charge {
                 Ok(Acquire::Temporary)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
@@ -236,7 +243,7 @@ impl QuotaLedger {
             return Ok(Acquire::Denied { reason });
         }
         let entry = Entry {
-            identity: identity.clone(),
+            identity: self.intern(identity),
             charge: charge.clone(),
         };
         // An empty charge takes nothing from anyone, so it never waits.
@@ -255,7 +262,11 @@ impl QuotaLedger {
     /// Q3: releases a hold or drops a waiter (idempotent), then grants waiters that now fit,
     /// FIFO per scope (Q2). Returns the ids granted, in grant order; they are now held.
     pub fn release(&mut self, id: JobId) -> Vec<JobId> {
-        let removed = self.remove_hold(id) || self.take_waiter(id).is_some();
+        let removed = self.remove_hold(id)
+            || self
+                .take_waiter(id)
+                .map(|entry| self.unintern(&entry.identity))
+                .is_some();
         if !removed {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
             return Vec::new();
@@ -270,7 +281,7 @@ impl QuotaLedger {
 
     /// The charge held for `id`, if held.
     pub fn held(&self, id: JobId) -> Option<(&Identity, &Resources)> {
-        self.holds.get(&id).map(|e| (&e.identity, &e.charge))
+        self.holds.get(&id).map(|e| (&*e.identity, &e.charge))
     }
 
     /// True when `id` waits (Q2).
@@ -304,7 +315,7 @@ impl QuotaLedger {
     pub fn holds(&self) -> impl Iterator<Item = (JobId, &Identity, &Resources)> + '_ {
         self.holds
             .iter()
-            .map(|(&id, e)| (id, &e.identity, &e.charge))
+            .map(|(&id, e)| (id, &*e.identity, &e.charge))
     }
 
     /// How many requests wait.
@@ -317,7 +328,7 @@ impl QuotaLedger {
         self.queue.values().filter_map(move |id| {
             self.waiting
                 .get(id)
-                .map(|w| (*id, &w.entry.identity, &w.entry.charge))
+                .map(|w| (*id, &*w.entry.identity, &w.entry.charge))
         })
     }
 
@@ -406,7 +417,30 @@ impl QuotaLedger {
                 by_name.remove(name);
             }
         }
+        self.unintern(&entry.identity);
         true
+    }
+
+    /// The shared copy of `identity`, counted once more.
+    fn intern(&mut self, identity: &Identity) -> Arc<Identity> {
+        if let Some((shared, count)) = self.identities.get_mut(identity) {
+            *count = count.saturating_add(1);
+            return Arc::clone(shared);
+        }
+        let shared = Arc::new(identity.clone());
+        self.identities
+            .insert(identity.clone(), (Arc::clone(&shared), 1));
+        shared
+    }
+
+    /// One entry of `identity` fewer; forgets it with its last entry.
+    fn unintern(&mut self, identity: &Identity) {
+        if let Some((_, count)) = self.identities.get_mut(identity) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.identities.remove(identity);
+            }
+        }
     }
 
     fn add_waiter(&mut self, id: JobId, entry: Entry) {
@@ -539,6 +573,24 @@ mod tests {
         assert!(q.is_held(JobId(1)));
         assert_eq!(q.held(JobId(1)), Some((&who, &res(&[("cpu", 3)]))));
         assert_eq!(q.waiting(), 0);
+    }
+
+    #[test]
+    fn q3_released_holds_and_waiters_leave_no_identity_behind() {
+        let mut q = owner_cpu_4();
+        let who = ident("acme", "a");
+        acquire(&mut q, 1, &who, &res(&[("cpu", 3)]));
+        assert_eq!(
+            acquire(&mut q, 2, &who, &res(&[("cpu", 3)])),
+            Acquire::Temporary
+        );
+        let count = |q: &QuotaLedger| q.identities.get(&who).map(|(_, n)| *n);
+        assert_eq!(count(&q), Some(2));
+        q.release(JobId(2));
+        q.release(JobId(2));
+        assert_eq!(count(&q), Some(1));
+        q.release(JobId(1));
+        assert!(q.identities.is_empty());
     }
 
     #[test]

@@ -42,6 +42,10 @@ impl Mill {
         let new = events.iter().filter(|e| e.seqno > cursor).count();
         self.writes.reserve(3 * new + 1);
         self.deferred.reserve(new + 1);
+        let bound = self.config.terminal_memory;
+        if let Some(s) = self.sessions.get_mut(node) {
+            s.reserve_terminals(new, bound);
+        }
         let mut up_to = cursor;
         let mut applied_any = false;
         for event in events {

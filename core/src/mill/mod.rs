@@ -623,6 +623,13 @@ impl Mill {
     /// Records a job's end (I2: once, never changed) and forgets it. The job must hold no
     /// lease; quota waits and volatile holds are dropped.
     fn finish_job(&mut self, job: JobId, terminal: Terminal) {
+        self.end_job(job, terminal, true);
+    }
+
+    /// [`Mill::finish_job`]; `release_quota` is false only when the caller has just released
+    /// the job's quota itself (then the job neither holds nor waits, and a second release
+    /// would only look that up again).
+    fn end_job(&mut self, job: JobId, terminal: Terminal, release_quota: bool) {
         let Some(j) = self.jobs.remove(&job) else {
             return;
         };
@@ -632,7 +639,9 @@ impl Mill {
         }
         // A quota wait or a hold granted for a re-bid is volatile; a published lease's hold
         // is released by `end_lease`.
-        self.release_quota(job, false);
+        if release_quota {
+            self.release_quota(job, false);
+        }
         let state = JobState::Done(terminal);
         self.persist(MillWrite::JobState {
             job,
@@ -692,7 +701,8 @@ impl Mill {
         self.persist(MillWrite::LeaseDelete { lease });
         self.release_quota(l.job, true);
         match terminal {
-            Some(t) => self.finish_job(l.job, t),
+            // The release above left the job neither holding nor waiting (Q3).
+            Some(t) => self.end_job(l.job, t, false),
             None => self.requeue(l.job),
         }
         self.wake_placement();

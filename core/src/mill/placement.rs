@@ -95,10 +95,15 @@ impl RankIndex {
             entry.labels = labels.clone();
         }
         for (engine, key) in &keys {
-            self.by_engine
-                .entry(engine.clone())
-                .or_default()
-                .insert(key.clone());
+            match self.by_engine.get_mut(engine.as_str()) {
+                Some(set) => {
+                    set.insert(key.clone());
+                }
+                None => {
+                    self.by_engine
+                        .insert(engine.clone(), BTreeSet::from([key.clone()]));
+                }
+            }
         }
         entry.keys = keys;
         if entry.keys.is_empty() {
