@@ -75,14 +75,18 @@ impl RankIndex {
         labels: &BTreeSet<String>,
         keys: Vec<(String, RankKey)>,
     ) {
-        if let Some(entry) = self.nodes.get(node) {
-            if entry.keys == keys && &entry.labels == labels {
-                return;
+        // One search of the node map when the node is indexed already (the common case:
+        // a seat count or a load changed).
+        let entry = match self.nodes.get_mut(node) {
+            Some(entry) => {
+                if entry.keys == keys && &entry.labels == labels {
+                    return;
+                }
+                entry
             }
-        } else if keys.is_empty() {
-            return;
-        }
-        let entry = self.nodes.entry(node.clone()).or_default();
+            None if keys.is_empty() => return,
+            None => self.nodes.entry(node.clone()).or_default(),
+        };
         for (engine, key) in entry.keys.drain(..) {
             if let Some(set) = self.by_engine.get_mut(&engine) {
                 set.remove(&key);
