@@ -41,7 +41,7 @@ impl Mill {
         // state) and one client update; sized once instead of grown per event.
         let new = events.iter().filter(|e| e.seqno > cursor).count();
         self.writes.reserve(3 * new + 1);
-        self.deferred.reserve(new + 1);
+        self.out.reserve(new + 2);
         let bound = self.config.terminal_memory;
         if let Some(s) = self.sessions.get_mut(node) {
             s.reserve_terminals(new, bound);
@@ -73,10 +73,14 @@ impl Mill {
 
     /// Applies one new event (M21, M24).
     fn apply_event(&mut self, node: &NodeId, epoch: Epoch, event: Event) {
-        let held = self
+        let lease = self
             .leases
             .get(&event.lease)
-            .is_some_and(|l| &l.node == node && l.epoch == epoch);
+            .filter(|l| &l.node == node && l.epoch == epoch);
+        let held = lease.is_some();
+        let reserved = lease.is_some_and(|l| l.state == LeaseState::Reserved);
+        // A job stopped for its timeout reports Cancelled; it ended by Timeout (M18).
+        let cancel_status = lease.and_then(|l| l.cancel.as_ref()).map(|c| c.status);
         let bound = self.config.terminal_memory;
         if let EventKind::Terminal { .. } = &event.kind {
             if let Some(s) = self.sessions.get_mut(node) {
@@ -88,11 +92,7 @@ impl Mill {
         }
         match event.kind {
             EventKind::Running => {
-                if self
-                    .leases
-                    .get(&event.lease)
-                    .is_some_and(|l| l.state == LeaseState::Reserved)
-                {
+                if reserved {
                     self.mark_running(event.lease);
                 }
             }
@@ -102,13 +102,8 @@ impl Mill {
                 error,
                 log,
             } => {
-                // A job stopped for its timeout reports Cancelled; it ended by Timeout (M18).
-                let status = match self
-                    .leases
-                    .get(&event.lease)
-                    .and_then(|l| l.cancel.as_ref())
-                {
-                    Some(c) if status == TerminalStatus::Cancelled => c.status,
+                let status = match cancel_status {
+                    Some(c) if status == TerminalStatus::Cancelled => c,
                     _ => status,
                 };
                 let t = Terminal {

@@ -343,7 +343,9 @@ pub struct Mill {
     /// Bumped on every change that may let a waiting job be placed (M13).
     change_seq: u64,
     writes: Vec<MillWrite>,
-    deferred: Vec<MillOutput>,
+    /// Where this step's outputs begin in `out`: the step's `Persist` goes there, before
+    /// every output the step emitted (persist before send), so outputs are moved once.
+    step_start: usize,
     out: VecDeque<MillOutput>,
 }
 
@@ -380,7 +382,7 @@ impl Mill {
             placement_dirty: false,
             change_seq: 0,
             writes: Vec::new(),
-            deferred: Vec::new(),
+            step_start: 0,
             out: VecDeque::new(),
         };
         if let Some(snapshot) = restored {
@@ -394,6 +396,7 @@ impl Mill {
     /// (bad input becomes a violation output instead).
     pub fn handle(&mut self, now: Time, input: MillInput) -> Result<Reply, RequestError> {
         self.now = self.now.max(now);
+        self.step_start = self.out.len();
         let reply = match input {
             MillInput::Connected { conn } => {
                 self.on_connected(conn);
@@ -505,7 +508,7 @@ impl Mill {
 
     /// Queues an output that must follow this step's writes.
     fn emit(&mut self, output: MillOutput) {
-        self.deferred.push(output);
+        self.out.push_back(output);
     }
 
     fn send(&mut self, conn: ConnId, msg: ToExecutor) {
@@ -532,10 +535,11 @@ impl Mill {
         self.flush_index();
         if !self.writes.is_empty() {
             let writes = std::mem::take(&mut self.writes);
+            // Usually at the front (the driver drained the last step), where a deque
+            // inserts without moving anything.
             self.out
-                .push_back(MillOutput::Persist(MillBatch { writes }));
+                .insert(self.step_start, MillOutput::Persist(MillBatch { writes }));
         }
-        self.out.extend(self.deferred.drain(..));
     }
 
     fn wake_placement(&mut self) {
