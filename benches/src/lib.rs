@@ -120,13 +120,27 @@ impl Fleet {
 
     fn input(&mut self, input: MillInput) -> Option<JobId> {
         let r = must(self.mill.handle(self.now, input), "input");
-        self.out.clear();
+        self.consume();
         while let Some(o) = self.mill.poll_output() {
             self.out.push(o);
         }
         match r {
             Reply::Submitted(j) => Some(j),
             Reply::Done => None,
+        }
+    }
+
+    /// Consumes the last step's outputs as a driver would: every write of a `Persist` is
+    /// read (a store would write it), then everything is dropped. Benches that measure a step
+    /// call this inside the measured region, so freeing the outputs is part of the cost.
+    pub fn consume(&mut self) {
+        for o in self.out.drain(..) {
+            if let MillOutput::Persist(batch) = &o {
+                for w in &batch.writes {
+                    std::hint::black_box(w);
+                }
+            }
+            std::hint::black_box(&o);
         }
     }
 
@@ -190,7 +204,8 @@ impl Fleet {
         (conn, lease)
     }
 
-    /// Applies one batch of terminal events from `conn` for `leases`.
+    /// Applies one batch of terminal events from `conn` for `leases` and consumes the
+    /// outputs (one `Persist` with every write of the batch, the job updates, the ack).
     pub fn finish(&mut self, conn: ConnId, leases: &[LeaseId]) {
         let next = self.seqnos.entry(conn).or_insert(0);
         let events = leases
@@ -216,6 +231,7 @@ impl Fleet {
                 events,
             },
         );
+        self.consume();
     }
 
     /// Moves the clock (no deadlines are due in these benches' windows).

@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +47,30 @@ impl Scope {
             Scope::Repo(identity.repo.clone()),
         ]
     }
+
+    /// The scope's kind and name, as the ledger's per-kind maps key it.
+    fn parts(&self) -> (Kind, &str) {
+        match self {
+            Scope::Owner(name) => (Kind::Owner, name),
+            Scope::Repo(name) => (Kind::Repo, name),
+        }
+    }
+}
+
+/// The kind of a scope: the index of the ledger's per-kind maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Owner = 0,
+    Repo = 1,
+}
+
+/// The two scopes of `identity` by kind and borrowed name, owner first (the order of
+/// [`Scope::of`]), so the ledger's hot paths look scopes up without building `Scope`s.
+fn scopes_of(identity: &Identity) -> [(Kind, &str); 2] {
+    [
+        (Kind::Owner, identity.owner.as_str()),
+        (Kind::Repo, identity.repo.as_str()),
+    ]
 }
 
 impl fmt::Display for Scope {
@@ -77,9 +102,14 @@ impl QuotaConfig {
     /// The limit of `resource` in `scope`: the scope's override if it names the resource,
     /// else the default for the scope's kind, else `None` (unlimited).
     pub fn limit(&self, scope: &Scope, resource: &str) -> Option<u64> {
-        let (defaults, overrides, name) = match scope {
-            Scope::Owner(name) => (&self.owner_defaults, &self.owner_overrides, name),
-            Scope::Repo(name) => (&self.repo_defaults, &self.repo_overrides, name),
+        let (kind, name) = scope.parts();
+        self.limit_of(kind, name, resource)
+    }
+
+    fn limit_of(&self, kind: Kind, name: &str, resource: &str) -> Option<u64> {
+        let (defaults, overrides) = match kind {
+            Kind::Owner => (&self.owner_defaults, &self.owner_overrides),
+            Kind::Repo => (&self.repo_defaults, &self.repo_overrides),
         };
         overrides
             .get(name)
@@ -118,7 +148,9 @@ pub enum QuotaError {
 /// What one reservation charges, held or waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    identity: Identity,
+    /// Interned in `QuotaLedger::identities`: most jobs share an identity with other jobs,
+    /// so an entry takes a reference instead of copying both names.
+    identity: Arc<Identity>,
     charge: Resources,
 }
 
@@ -135,18 +167,22 @@ struct Waiter {
 pub struct QuotaLedger {
     config: QuotaConfig,
     holds: BTreeMap<JobId, Entry>,
-    /// Sum of the holds' charges per scope. Kept in `u128` so that the sum is exact whatever
-    /// the number of holds (reported saturated to `u64`); zero entries and empty scopes are
-    /// removed.
-    usage: BTreeMap<Scope, BTreeMap<String, u128>>,
+    /// Sum of the holds' charges per scope, by kind (`Kind` indexes it) then scope name, so
+    /// that a hold's scopes are found by borrowed name without cloning them. Kept in `u128`
+    /// so that the sum is exact whatever the number of holds (reported saturated to `u64`);
+    /// zero entries and empty scopes are removed.
+    usage: [BTreeMap<String, BTreeMap<String, u128>>; 2],
     /// Waiters by id.
     waiting: BTreeMap<JobId, Waiter>,
     /// Waiters in arrival order.
     queue: BTreeMap<u64, JobId>,
-    /// How many waiters each scope has; scopes with none are absent.
-    waiters_per_scope: BTreeMap<Scope, usize>,
+    /// How many waiters each scope has, by kind then name; scopes with none are absent.
+    waiters_per_scope: [BTreeMap<String, usize>; 2],
     /// The arrival number of the next waiter.
     next_arrival: u64,
+    /// The identities of holds and waiters, each shared by its entries, with how many
+    /// entries hold it; an identity leaves with its last entry.
+    identities: BTreeMap<Identity, (Arc<Identity>, usize)>,
 }
 
 impl QuotaLedger {
@@ -170,6 +206,7 @@ impl QuotaLedger {
         let mut ledger = Self::new(config);
         for (id, identity, charge) in holds {
             ledger.remove_hold(id);
+            let identity = ledger.intern(&identity);
             ledger.add_hold(id, Entry { identity, charge });
         }
         ledger
@@ -189,14 +226,14 @@ impl QuotaLedger {
         charge: &Resources,
     ) -> Result<Acquire, QuotaError> {
         if let Some(held) = self.holds.get(&id) {
-            return if held.identity == *identity && held.charge == *charge {
+            return if *held.identity == *identity && held.charge == *charge {
                 Ok(Acquire::Allowed)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
             };
         }
         if let Some(waiter) = self.waiting.get(&id) {
-            return if waiter.entry.identity == *identity && waiter.entry.charge == *charge {
+            return if *waiter.entry.identity == *identity && waiter.entry.charge == *charge {
                 Ok(Acquire::Temporary)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
@@ -206,13 +243,13 @@ impl QuotaLedger {
             return Ok(Acquire::Denied { reason });
         }
         let entry = Entry {
-            identity: identity.clone(),
+            identity: self.intern(identity),
             charge: charge.clone(),
         };
         // An empty charge takes nothing from anyone, so it never waits.
-        let behind_waiters = Scope::of(identity)
+        let behind_waiters = scopes_of(identity)
             .iter()
-            .any(|s| self.waiters_per_scope.contains_key(s));
+            .any(|&(kind, name)| self.waiters_per_scope[kind as usize].contains_key(name));
         if charge.is_empty() || (!behind_waiters && self.fits(&entry)) {
             self.add_hold(id, entry);
             Ok(Acquire::Allowed)
@@ -225,7 +262,11 @@ impl QuotaLedger {
     /// Q3: releases a hold or drops a waiter (idempotent), then grants waiters that now fit,
     /// FIFO per scope (Q2). Returns the ids granted, in grant order; they are now held.
     pub fn release(&mut self, id: JobId) -> Vec<JobId> {
-        let removed = self.remove_hold(id) || self.take_waiter(id).is_some();
+        let removed = self.remove_hold(id)
+            || self
+                .take_waiter(id)
+                .map(|entry| self.unintern(&entry.identity))
+                .is_some();
         if !removed {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
             return Vec::new();
@@ -240,7 +281,7 @@ impl QuotaLedger {
 
     /// The charge held for `id`, if held.
     pub fn held(&self, id: JobId) -> Option<(&Identity, &Resources)> {
-        self.holds.get(&id).map(|e| (&e.identity, &e.charge))
+        self.holds.get(&id).map(|e| (&*e.identity, &e.charge))
     }
 
     /// True when `id` waits (Q2).
@@ -252,8 +293,9 @@ impl QuotaLedger {
     ///
     /// A sum beyond `u64::MAX` (only possible for an unlimited resource) reads as `u64::MAX`.
     pub fn usage(&self, scope: &Scope) -> Resources {
-        self.usage
-            .get(scope)
+        let (kind, name) = scope.parts();
+        self.usage[kind as usize]
+            .get(name)
             .map(|used| {
                 used.iter()
                     .map(|(name, &amount)| {
@@ -273,7 +315,7 @@ impl QuotaLedger {
     pub fn holds(&self) -> impl Iterator<Item = (JobId, &Identity, &Resources)> + '_ {
         self.holds
             .iter()
-            .map(|(&id, e)| (id, &e.identity, &e.charge))
+            .map(|(&id, e)| (id, &*e.identity, &e.charge))
     }
 
     /// How many requests wait.
@@ -286,7 +328,7 @@ impl QuotaLedger {
         self.queue.values().filter_map(move |id| {
             self.waiting
                 .get(id)
-                .map(|w| (*id, &w.entry.identity, &w.entry.charge))
+                .map(|w| (*id, &*w.entry.identity, &w.entry.charge))
         })
     }
 
@@ -298,10 +340,14 @@ impl QuotaLedger {
     /// Why `charge` alone exceeds a limit of one of `identity`'s scopes, if it does. Scopes
     /// are checked owner first, resources in name order, so the reason is deterministic.
     fn denial(&self, identity: &Identity, charge: &Resources) -> Option<String> {
-        Scope::of(identity).iter().find_map(|scope| {
+        scopes_of(identity).iter().find_map(|&(kind, name)| {
             charge.iter().find_map(|(resource, &amount)| {
-                let limit = self.limit(scope, resource)?;
+                let limit = self.config.limit_of(kind, name, resource)?;
                 (amount > limit).then(|| {
+                    let scope = match kind {
+                        Kind::Owner => Scope::Owner(name.to_string()),
+                        Kind::Repo => Scope::Repo(name.to_string()),
+                    };
                     bounded_reason(
                         format!("{scope}: charge {resource:?}={amount} exceeds the limit {limit}"),
                         MAX_DENIED_REASON,
@@ -313,10 +359,10 @@ impl QuotaLedger {
 
     /// True when `entry`'s charge fits on top of the current usage of both its scopes.
     fn fits(&self, entry: &Entry) -> bool {
-        Scope::of(&entry.identity).iter().all(|scope| {
-            let used = self.usage.get(scope);
+        scopes_of(&entry.identity).iter().all(|&(kind, name)| {
+            let used = self.usage[kind as usize].get(name);
             entry.charge.iter().all(|(resource, &amount)| {
-                let Some(limit) = self.limit(scope, resource) else {
+                let Some(limit) = self.config.limit_of(kind, name, resource) else {
                     return true;
                 };
                 let current = used.and_then(|u| u.get(resource)).copied().unwrap_or(0);
@@ -330,11 +376,19 @@ impl QuotaLedger {
         // Amounts are positive (validated by callers); skipping zeros keeps usage free of
         // zero entries and empty scopes either way.
         if entry.charge.values().any(|&amount| amount > 0) {
-            for scope in Scope::of(&entry.identity) {
-                let used = self.usage.entry(scope).or_default();
+            for (kind, name) in scopes_of(&entry.identity) {
+                let by_name = &mut self.usage[kind as usize];
+                let used = match by_name.get_mut(name) {
+                    Some(used) => used,
+                    None => by_name.entry(name.to_string()).or_default(),
+                };
                 for (resource, &amount) in entry.charge.iter().filter(|(_, &a)| a > 0) {
-                    let slot = used.entry(resource.clone()).or_insert(0);
-                    *slot = slot.saturating_add(u128::from(amount));
+                    match used.get_mut(resource.as_str()) {
+                        Some(slot) => *slot = slot.saturating_add(u128::from(amount)),
+                        None => {
+                            used.insert(resource.clone(), u128::from(amount));
+                        }
+                    }
                 }
             }
         }
@@ -346,8 +400,9 @@ impl QuotaLedger {
         let Some(entry) = self.holds.remove(&id) else {
             return false;
         };
-        for scope in Scope::of(&entry.identity) {
-            let Some(used) = self.usage.get_mut(&scope) else {
+        for (kind, name) in scopes_of(&entry.identity) {
+            let by_name = &mut self.usage[kind as usize];
+            let Some(used) = by_name.get_mut(name) else {
                 continue;
             };
             for (resource, &amount) in &entry.charge {
@@ -359,10 +414,33 @@ impl QuotaLedger {
                 }
             }
             if used.is_empty() {
-                self.usage.remove(&scope);
+                by_name.remove(name);
             }
         }
+        self.unintern(&entry.identity);
         true
+    }
+
+    /// The shared copy of `identity`, counted once more.
+    fn intern(&mut self, identity: &Identity) -> Arc<Identity> {
+        if let Some((shared, count)) = self.identities.get_mut(identity) {
+            *count = count.saturating_add(1);
+            return Arc::clone(shared);
+        }
+        let shared = Arc::new(identity.clone());
+        self.identities
+            .insert(identity.clone(), (Arc::clone(&shared), 1));
+        shared
+    }
+
+    /// One entry of `identity` fewer; forgets it with its last entry.
+    fn unintern(&mut self, identity: &Identity) {
+        if let Some((_, count)) = self.identities.get_mut(identity) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.identities.remove(identity);
+            }
+        }
     }
 
     fn add_waiter(&mut self, id: JobId, entry: Entry) {
@@ -371,8 +449,10 @@ impl QuotaLedger {
         }
         let arrival = self.next_arrival;
         self.next_arrival = self.next_arrival.saturating_add(1);
-        for scope in Scope::of(&entry.identity) {
-            let count = self.waiters_per_scope.entry(scope).or_insert(0);
+        for (kind, name) in scopes_of(&entry.identity) {
+            let count = self.waiters_per_scope[kind as usize]
+                .entry(name.to_string())
+                .or_insert(0);
             *count = count.saturating_add(1);
         }
         self.queue.insert(arrival, id);
@@ -383,11 +463,12 @@ impl QuotaLedger {
     fn take_waiter(&mut self, id: JobId) -> Option<Entry> {
         let waiter = self.waiting.remove(&id)?;
         self.queue.remove(&waiter.arrival);
-        for scope in Scope::of(&waiter.entry.identity) {
-            if let Some(count) = self.waiters_per_scope.get_mut(&scope) {
+        for (kind, name) in scopes_of(&waiter.entry.identity) {
+            let counts = &mut self.waiters_per_scope[kind as usize];
+            if let Some(count) = counts.get_mut(name) {
                 *count = count.saturating_sub(1);
                 if *count == 0 {
-                    self.waiters_per_scope.remove(&scope);
+                    counts.remove(name);
                 }
             }
         }
@@ -492,6 +573,24 @@ mod tests {
         assert!(q.is_held(JobId(1)));
         assert_eq!(q.held(JobId(1)), Some((&who, &res(&[("cpu", 3)]))));
         assert_eq!(q.waiting(), 0);
+    }
+
+    #[test]
+    fn q3_released_holds_and_waiters_leave_no_identity_behind() {
+        let mut q = owner_cpu_4();
+        let who = ident("acme", "a");
+        acquire(&mut q, 1, &who, &res(&[("cpu", 3)]));
+        assert_eq!(
+            acquire(&mut q, 2, &who, &res(&[("cpu", 3)])),
+            Acquire::Temporary
+        );
+        let count = |q: &QuotaLedger| q.identities.get(&who).map(|(_, n)| *n);
+        assert_eq!(count(&q), Some(2));
+        q.release(JobId(2));
+        q.release(JobId(2));
+        assert_eq!(count(&q), Some(1));
+        q.release(JobId(1));
+        assert!(q.identities.is_empty());
     }
 
     #[test]

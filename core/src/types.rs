@@ -4,6 +4,7 @@
 //! Ids that arrive from the network are validated where they enter (M1 for node ids).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -70,9 +71,12 @@ pub enum IdError {
 ///
 /// A `NodeId` is valid by construction; the wire carries the raw string in `Hello` so that a
 /// bad one can be refused with a reason instead of failing to decode.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct NodeId(String);
+///
+/// The text is shared (`Arc<str>`): the mill keys sessions, cursors, timers, leases and the
+/// rank index by node id and copies ids into terminals and job states, so a clone is a
+/// reference-count increment rather than an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(Arc<str>);
 
 impl NodeId {
     /// Longest node id accepted.
@@ -91,12 +95,18 @@ impl NodeId {
             let id: String = s.chars().take(Self::MAX_LEN).collect();
             return Err(IdError::NodeIdChar { id, bad });
         }
-        Ok(NodeId(s))
+        Ok(NodeId(Arc::from(s)))
     }
 
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for NodeId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

@@ -599,19 +599,19 @@ mod tests {
                     },
                     MillWrite::JobInsert {
                         job: JobId(1),
-                        record: JobRecord {
+                        record: Box::new(JobRecord {
                             spec: spec(),
                             submitted_at_ms: 5,
                             state: JobState::Queued,
-                        },
+                        }),
                     },
                     MillWrite::JobInsert {
                         job: JobId(2),
-                        record: JobRecord {
+                        record: Box::new(JobRecord {
                             spec: spec(),
                             submitted_at_ms: 6,
                             state: JobState::Queued,
-                        },
+                        }),
                     },
                 ],
             },

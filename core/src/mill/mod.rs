@@ -319,7 +319,9 @@ pub struct Mill {
     quarantined: BTreeSet<NodeId>,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
 
-    jobs: BTreeMap<JobId, Job>,
+    /// Boxed: a `Job` is a few hundred bytes, and B-tree nodes shift their values on every
+    /// insert and remove.
+    jobs: BTreeMap<JobId, Box<Job>>,
     queue: BTreeSet<JobId>,
     leases: BTreeMap<LeaseId, Lease>,
     node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
@@ -341,7 +343,9 @@ pub struct Mill {
     /// Bumped on every change that may let a waiting job be placed (M13).
     change_seq: u64,
     writes: Vec<MillWrite>,
-    deferred: Vec<MillOutput>,
+    /// Where this step's outputs begin in `out`: the step's `Persist` goes there, before
+    /// every output the step emitted (persist before send), so outputs are moved once.
+    step_start: usize,
     out: VecDeque<MillOutput>,
 }
 
@@ -378,7 +382,7 @@ impl Mill {
             placement_dirty: false,
             change_seq: 0,
             writes: Vec::new(),
-            deferred: Vec::new(),
+            step_start: 0,
             out: VecDeque::new(),
         };
         if let Some(snapshot) = restored {
@@ -392,6 +396,7 @@ impl Mill {
     /// (bad input becomes a violation output instead).
     pub fn handle(&mut self, now: Time, input: MillInput) -> Result<Reply, RequestError> {
         self.now = self.now.max(now);
+        self.step_start = self.out.len();
         let reply = match input {
             MillInput::Connected { conn } => {
                 self.on_connected(conn);
@@ -503,7 +508,7 @@ impl Mill {
 
     /// Queues an output that must follow this step's writes.
     fn emit(&mut self, output: MillOutput) {
-        self.deferred.push(output);
+        self.out.push_back(output);
     }
 
     fn send(&mut self, conn: ConnId, msg: ToExecutor) {
@@ -530,10 +535,11 @@ impl Mill {
         self.flush_index();
         if !self.writes.is_empty() {
             let writes = std::mem::take(&mut self.writes);
+            // Usually at the front (the driver drained the last step), where a deque
+            // inserts without moving anything.
             self.out
-                .push_back(MillOutput::Persist(MillBatch { writes }));
+                .insert(self.step_start, MillOutput::Persist(MillBatch { writes }));
         }
-        self.out.extend(self.deferred.drain(..));
     }
 
     fn wake_placement(&mut self) {
@@ -586,11 +592,11 @@ impl Mill {
         });
         self.persist(MillWrite::JobInsert {
             job: id,
-            record: JobRecord {
+            record: Box::new(JobRecord {
                 spec: spec.clone(),
                 submitted_at_ms,
                 state: JobState::Queued,
-            },
+            }),
         });
         let deadline = self
             .now
@@ -598,7 +604,7 @@ impl Mill {
         self.arm(deadline, Timer::JobTimeout(id));
         self.jobs.insert(
             id,
-            Job {
+            Box::new(Job {
                 spec,
                 queued_at: self.now,
                 deadline,
@@ -607,7 +613,7 @@ impl Mill {
                 persisted_beyond_queued: false,
                 waits_for_change: None,
                 incompatible: BTreeMap::new(),
-            },
+            }),
         );
         self.queue.insert(id);
         self.emit(MillOutput::JobUpdate {
@@ -621,6 +627,13 @@ impl Mill {
     /// Records a job's end (I2: once, never changed) and forgets it. The job must hold no
     /// lease; quota waits and volatile holds are dropped.
     fn finish_job(&mut self, job: JobId, terminal: Terminal) {
+        self.end_job(job, terminal, true);
+    }
+
+    /// [`Mill::finish_job`]; `release_quota` is false only when the caller has just released
+    /// the job's quota itself (then the job neither holds nor waits, and a second release
+    /// would only look that up again).
+    fn end_job(&mut self, job: JobId, terminal: Terminal, release_quota: bool) {
         let Some(j) = self.jobs.remove(&job) else {
             return;
         };
@@ -630,7 +643,9 @@ impl Mill {
         }
         // A quota wait or a hold granted for a re-bid is volatile; a published lease's hold
         // is released by `end_lease`.
-        self.release_quota(job, false);
+        if release_quota {
+            self.release_quota(job, false);
+        }
         let state = JobState::Done(terminal);
         self.persist(MillWrite::JobState {
             job,
@@ -686,12 +701,12 @@ impl Mill {
                 self.node_leases.remove(&l.node);
             }
         }
-        let engine = self.jobs.get(&l.job).map(|j| j.spec.engine.clone());
-        self.seat_released(&l.node, engine.as_deref());
+        self.job_seat_released(&l.node, l.job);
         self.persist(MillWrite::LeaseDelete { lease });
         self.release_quota(l.job, true);
         match terminal {
-            Some(t) => self.finish_job(l.job, t),
+            // The release above left the job neither holding nor waiting (Q3).
+            Some(t) => self.end_job(l.job, t, false),
             None => self.requeue(l.job),
         }
         self.wake_placement();

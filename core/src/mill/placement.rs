@@ -75,14 +75,18 @@ impl RankIndex {
         labels: &BTreeSet<String>,
         keys: Vec<(String, RankKey)>,
     ) {
-        if let Some(entry) = self.nodes.get(node) {
-            if entry.keys == keys && &entry.labels == labels {
-                return;
+        // One search of the node map when the node is indexed already (the common case:
+        // a seat count or a load changed).
+        let entry = match self.nodes.get_mut(node) {
+            Some(entry) => {
+                if entry.keys == keys && &entry.labels == labels {
+                    return;
+                }
+                entry
             }
-        } else if keys.is_empty() {
-            return;
-        }
-        let entry = self.nodes.entry(node.clone()).or_default();
+            None if keys.is_empty() => return,
+            None => self.nodes.entry(node.clone()).or_default(),
+        };
         for (engine, key) in entry.keys.drain(..) {
             if let Some(set) = self.by_engine.get_mut(&engine) {
                 set.remove(&key);
@@ -95,10 +99,15 @@ impl RankIndex {
             entry.labels = labels.clone();
         }
         for (engine, key) in &keys {
-            self.by_engine
-                .entry(engine.clone())
-                .or_default()
-                .insert(key.clone());
+            match self.by_engine.get_mut(engine.as_str()) {
+                Some(set) => {
+                    set.insert(key.clone());
+                }
+                None => {
+                    self.by_engine
+                        .insert(engine.clone(), BTreeSet::from([key.clone()]));
+                }
+            }
         }
         entry.keys = keys;
         if entry.keys.is_empty() {
@@ -215,7 +224,12 @@ impl Mill {
 
     fn seat_taken(&mut self, node: &NodeId, engine: &str) {
         if let Some(s) = self.sessions.get_mut(node) {
-            *s.held.entry(engine.to_string()).or_insert(0) += 1;
+            match s.held.get_mut(engine) {
+                Some(n) => *n += 1,
+                None => {
+                    s.held.insert(engine.to_string(), 1);
+                }
+            }
         }
         self.reindex(node);
     }
@@ -223,18 +237,19 @@ impl Mill {
     /// A seat the mill held on `node` is free again.
     pub(super) fn seat_released(&mut self, node: &NodeId, engine: Option<&str>) {
         if let (Some(s), Some(engine)) = (self.sessions.get_mut(node), engine) {
-            if let Some(n) = s.held.get_mut(engine) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    s.held.remove(engine);
-                }
-            }
+            free_seat(&mut s.held, engine);
         }
         self.reindex(node);
     }
 
-    fn engine_of(&self, job: JobId) -> Option<String> {
-        self.jobs.get(&job).map(|j| j.spec.engine.clone())
+    /// A seat the mill held on `node` for `job`'s engine is free again (nothing is freed if
+    /// the job is gone, as with [`Mill::seat_released`] and no engine). Borrows the engine
+    /// name from the job instead of copying it.
+    pub(super) fn job_seat_released(&mut self, node: &NodeId, job: JobId) {
+        if let (Some(s), Some(j)) = (self.sessions.get_mut(node), self.jobs.get(&job)) {
+            free_seat(&mut s.held, &j.spec.engine);
+        }
+        self.reindex(node);
     }
 
     /// Starts a bid for every queued job that has candidates, oldest first (M11, M12).
@@ -490,8 +505,7 @@ impl Mill {
         } else {
             round.asks.remove(&lease);
             self.asks.remove(&lease);
-            let engine = self.engine_of(job);
-            self.seat_released(node, engine.as_deref());
+            self.job_seat_released(node, job);
             match reject {
                 Some(RejectKind::Incompatible) => {
                     round.incompatible.push(reason(format!("{node}: {why}")));
@@ -522,8 +536,7 @@ impl Mill {
             if let Some(ask) = round.asks.remove(&lease) {
                 self.asks.remove(&lease);
                 self.release_remote(&ask.node, lease);
-                let engine = self.engine_of(job);
-                self.seat_released(&ask.node, engine.as_deref());
+                self.job_seat_released(&ask.node, job);
                 round.soft_failure = true;
             }
         }
@@ -565,11 +578,10 @@ impl Mill {
                 self.put_round(job, round);
                 continue;
             }
-            let engine = self.engine_of(job);
             for lease in lost {
                 round.asks.remove(&lease);
                 self.asks.remove(&lease);
-                self.seat_released(node, engine.as_deref());
+                self.job_seat_released(node, job);
             }
             round.soft_failure = true;
             self.advance(job, round);
@@ -594,7 +606,6 @@ impl Mill {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        let engine = j.spec.engine.clone();
         if let Some(held) = j.quota_held.take() {
             if held == charge {
                 return self.publish(job, lease, node, charge);
@@ -602,16 +613,15 @@ impl Mill {
             // The re-bid charges other resources than the quota holds: release both, retry.
             self.observe(Observation::Rare(RarePath::QuotaRebidChangedResources));
             self.release_remote(&node, lease);
-            self.seat_released(&node, Some(&engine));
+            self.job_seat_released(&node, job);
             self.release_quota(job, false);
             return self.requeue(job);
         }
-        let identity = j.spec.identity.clone();
-        match self.quota.try_acquire(job, &identity, &charge) {
+        match self.quota.try_acquire(job, &j.spec.identity, &charge) {
             Ok(Acquire::Allowed) => self.publish(job, lease, node, charge),
             Ok(Acquire::Denied { reason: why }) => {
                 self.release_remote(&node, lease);
-                self.seat_released(&node, Some(&engine));
+                self.job_seat_released(&node, job);
                 let t = Terminal::by_mill(
                     TerminalStatus::Failed,
                     reason(format!("quota denied: {why}")),
@@ -621,7 +631,7 @@ impl Mill {
             Ok(Acquire::Temporary) => {
                 // Never hold fleet capacity while waiting for quota.
                 self.release_remote(&node, lease);
-                self.seat_released(&node, Some(&engine));
+                self.job_seat_released(&node, job);
                 self.observe(Observation::Rare(RarePath::QuotaWait));
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.phase = Phase::QuotaWait { charge };
@@ -629,7 +639,7 @@ impl Mill {
             }
             Err(_) => {
                 self.release_remote(&node, lease);
-                self.seat_released(&node, Some(&engine));
+                self.job_seat_released(&node, job);
                 self.release_quota(job, false);
                 self.requeue(job);
             }
@@ -794,5 +804,15 @@ impl Mill {
             state: state.clone(),
         });
         self.emit(MillOutput::JobUpdate { job, state });
+    }
+}
+
+/// One seat of `engine` fewer held on a node; engines with none held leave the map.
+fn free_seat(held: &mut BTreeMap<String, u32>, engine: &str) {
+    if let Some(n) = held.get_mut(engine) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            held.remove(engine);
+        }
     }
 }

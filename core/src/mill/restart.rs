@@ -75,7 +75,7 @@ impl Mill {
             let requeued = lease.is_none() && record.state != JobState::Queued;
             self.jobs.insert(
                 id,
-                Job {
+                Box::new(Job {
                     spec: record.spec,
                     queued_at: self.now,
                     deadline,
@@ -87,7 +87,7 @@ impl Mill {
                     persisted_beyond_queued: lease.is_some(),
                     waits_for_change: None,
                     incompatible: std::collections::BTreeMap::new(),
-                },
+                }),
             );
             if lease.is_none() {
                 self.queue.insert(id);

@@ -67,6 +67,13 @@ impl Session {
             && self.snapshot.is_some()
     }
 
+    /// Makes room to remember up to `more` terminals (at most `bound` in all) without
+    /// growing the queue once per event.
+    pub(super) fn reserve_terminals(&mut self, more: usize, bound: usize) {
+        let room = bound.saturating_sub(self.terminated_order.len());
+        self.terminated_order.reserve(more.min(room));
+    }
+
     pub(super) fn remember_terminal(&mut self, lease: LeaseId, bound: usize) {
         if self.terminated.insert(lease) {
             self.terminated_order.push_back(lease);

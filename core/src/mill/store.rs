@@ -67,8 +67,10 @@ pub enum MillWrite {
     JobInsert {
         /// Its id.
         job: JobId,
-        /// The record.
-        record: JobRecord,
+        /// The record, boxed: it is by far the largest write, and every write of a batch
+        /// (most are a few words: lease deletes, quota releases, cursors) is as large as the
+        /// largest variant. Serialized exactly as an unboxed record.
+        record: Box<JobRecord>,
     },
     /// A job's new state; also one entry of its status history.
     JobState {
@@ -160,7 +162,7 @@ impl MillSnapshot {
                 self.lease_floor = self.lease_floor.max(*lease_floor);
             }
             MillWrite::JobInsert { job, record } => {
-                self.jobs.insert(*job, record.clone());
+                self.jobs.insert(*job, JobRecord::clone(record));
             }
             MillWrite::JobState { job, state } => {
                 if matches!(state, JobState::Done(_)) {
