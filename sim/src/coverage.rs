@@ -44,8 +44,9 @@ pub enum Path {
     ExecCrashWithRunningJobs,
     /// The mill crashed holding reserved (published, uncommitted) leases (M16, M29).
     MillCrashWithReservedLeases,
-    /// A partition or clog cut an executor holding a lease reserved but not yet committed:
-    /// a `CommitLease` (or its answer) was caught by the cut (M16, M17).
+    /// A partition or clog, once in force, blocks the link of an executor whose lease the mill
+    /// has published (`Reserved`: `CommitLease` sent or waiting) and not yet seen committed:
+    /// the commit (or its answer) is caught by the cut (M16, M17).
     PartitionDuringCommit,
     /// A user cancelled a job whose executor was cut off or down (M5, M26).
     CancelWhilePartitioned,

@@ -1379,7 +1379,10 @@ impl Sim {
         let now = self.w.now;
         self.trace
             .line(now, "net", |s| s.push_str(&format!("fault: {fault}")));
-        watch::fault_starts(&self.w, &fault, &mut self.cov);
+        // The watch looks once the blocks are in force (a cut that blocks nothing counts
+        // nothing).
+        let cut =
+            matches!(fault, Fault::Partition { .. } | Fault::Clog { .. }).then(|| fault.clone());
         match fault {
             Fault::Partition {
                 side,
@@ -1446,6 +1449,9 @@ impl Sim {
                     self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Mill));
                 }
             }
+        }
+        if let Some(f) = cut {
+            watch::fault_applied(&self.w, &f, &mut self.cov);
         }
     }
 

@@ -62,29 +62,28 @@ impl Watch {
     }
 }
 
-/// Whether executor `i` holds a lease reserved but not committed, on either side.
-fn reserved_on(w: &World, i: usize) -> bool {
-    let p = &w.execs[i];
-    if p.exec
-        .as_ref()
-        .is_some_and(|x| x.reserved_leases().next().is_some())
-    {
-        return true;
-    }
+/// Whether the mill holds a lease on executor `i` that it published (`Reserved`: persisted,
+/// `CommitLease` sent or waiting for the node's session) and whose commit it has not yet
+/// heard answered: a commit is in flight between the two.
+fn commit_in_flight(w: &World, i: usize) -> bool {
+    let node = &w.execs[i].node;
     w.mill.as_ref().is_some_and(|m| {
         m.leases()
-            .any(|(_, _, node, _, state, _)| *node == p.node && state == LeaseState::Reserved)
+            .any(|(_, _, n, _, state, _)| n == node && state == LeaseState::Reserved)
     })
 }
 
-/// A fault starts.
-pub fn fault_starts(w: &World, fault: &Fault, cov: &mut Coverage) {
+/// A partition or clog has just been applied (call it after the blocks are in force): counts
+/// `PartitionDuringCommit` when a link the fault really blocks carries a commit in flight.
+/// A fault that blocks nothing (or a fault model that stops blocking) counts nothing.
+pub fn fault_applied(w: &World, fault: &Fault, cov: &mut Coverage) {
     let cut: &[usize] = match fault {
         Fault::Partition { side, .. } => side,
         Fault::Clog { exec, .. } => std::slice::from_ref(exec),
         _ => return,
     };
-    if cut.iter().any(|i| reserved_on(w, *i)) {
+    let blocked = |i: usize| w.net.blocked(i, true) || w.net.blocked(i, false);
+    if cut.iter().any(|&i| blocked(i) && commit_in_flight(w, i)) {
         cov.hit(Path::PartitionDuringCommit);
     }
 }
