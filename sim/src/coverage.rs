@@ -58,11 +58,14 @@ pub enum Path {
     /// A job with label constraints was reserved while part of the fleet lacked its labels
     /// (M13).
     LabelConstrainedPlacement,
+    /// An executor crashed while its link to the mill was blocked and its outbox held a
+    /// terminal result the mill had not acknowledged (E5, E6, E9).
+    CrashWithResultsBehindCut,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 23] = [
+    pub const ALL: [Path; 24] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -86,6 +89,7 @@ impl Path {
         Path::ReconnectStorm,
         Path::FlappingReconnects,
         Path::LabelConstrainedPlacement,
+        Path::CrashWithResultsBehindCut,
     ];
 
     /// The paths issue 4 names; the coverage test requires each to be reached.
@@ -126,6 +130,7 @@ impl Path {
             Path::ReconnectStorm => "reconnect storm (>= 50 sessions) after a mill restart",
             Path::FlappingReconnects => "flapping executor (5 connects in 2 min)",
             Path::LabelConstrainedPlacement => "label-constrained placement",
+            Path::CrashWithResultsBehindCut => "executor crash with unacked results behind a cut",
         }
     }
 
@@ -155,6 +160,7 @@ impl Path {
             Path::ReconnectStorm => "reconnect-storm",
             Path::FlappingReconnects => "flapping-reconnects",
             Path::LabelConstrainedPlacement => "label-constrained-placement",
+            Path::CrashWithResultsBehindCut => "crash-with-results-behind-cut",
         }
     }
 

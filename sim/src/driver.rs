@@ -1538,6 +1538,7 @@ impl Sim {
                 trace::secs(plan.down)
             ))
         });
+        watch::exec_crashes(&self.w, i, &mut self.cov);
         let p = &mut self.w.execs[i];
         p.exec = None;
         p.inc += 1;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use millrace_core::job::JobSpec;
 use millrace_core::mill::LeaseState;
+use millrace_core::wire::EventKind;
 use millrace_core::{JobId, JobState};
 
 use crate::coverage::{Coverage, Path};
@@ -85,6 +86,20 @@ pub fn fault_applied(w: &World, fault: &Fault, cov: &mut Coverage) {
     let blocked = |i: usize| w.net.blocked(i, true) || w.net.blocked(i, false);
     if cut.iter().any(|&i| blocked(i) && commit_in_flight(w, i)) {
         cov.hit(Path::PartitionDuringCommit);
+    }
+}
+
+/// Executor `i` is about to crash: counts `CrashWithResultsBehindCut` when its link to the
+/// mill is blocked and its durable outbox holds a terminal result (finished, not yet acked).
+pub fn exec_crashes(w: &World, i: usize, cov: &mut Coverage) {
+    let p = &w.execs[i];
+    let terminal_unacked = p
+        .store
+        .outbox
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::Terminal { .. }));
+    if w.net.blocked(i, true) && terminal_unacked {
+        cov.hit(Path::CrashWithResultsBehindCut);
     }
 }
 
