@@ -140,7 +140,7 @@ impl<'de> Deserialize<'de> for Dur {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Doc {
-    about: String,
+    about: Spanned<String>,
     topology: Spanned<TopologyDoc>,
     workload: WorkloadDoc,
     #[serde(default)]
@@ -192,7 +192,7 @@ struct EngineDoc {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WorkloadDoc {
-    jobs: usize,
+    jobs: Spanned<usize>,
     arrivals: Spanned<Dur>,
     duration: DurationDoc,
     burst: Option<Spanned<f64>>,
@@ -429,9 +429,13 @@ fn family(cx: &Ctx<'_>, name: &Spanned<String>, field: &str) -> Result<Family, L
 }
 
 fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
-    let about = doc.about.trim().to_string();
+    let about = doc.about.get_ref().trim().to_string();
     if about.is_empty() || about.contains('\n') {
-        return Err(cx.err(None, "about", "must be one non-empty line"));
+        return Err(cx.err(
+            Some(&doc.about.span()),
+            "about",
+            "must be one non-empty line",
+        ));
     }
 
     // Topology.
@@ -491,6 +495,13 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
 
     // Workload.
     let wl = doc.workload;
+    if *wl.jobs.get_ref() == 0 {
+        return Err(cx.err(
+            Some(&wl.jobs.span()),
+            "workload.jobs",
+            "at least one job: a scenario without jobs checks nothing",
+        ));
+    }
     let job_mean = wl.duration.mean.get_ref().0;
     let job_max = wl.duration.max.get_ref().0;
     if job_mean == 0 || job_mean > job_max {
@@ -618,6 +629,23 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
             let w_val = w.get_ref().0;
             for (k, f) in fd.script.iter().enumerate() {
                 let at = f.get_ref().at.get_ref().0;
+                let end = build_fault(cx, k, f.get_ref(), &f.span(), &names)?
+                    .iter()
+                    .map(|(at, fault)| fault_end(*at, fault))
+                    .max()
+                    .unwrap_or(at);
+                if at < w_val && end > w_val {
+                    return Err(cx.err(
+                        Some(&f.span()),
+                        format!("faults.script[{k}]"),
+                        format!(
+                            "lasts until {}, after the end of the fault window ({}): the heal \
+                             would cut it short",
+                            format_duration(end),
+                            format_duration(w_val)
+                        ),
+                    ));
+                }
                 if at >= w_val {
                     return Err(cx.err(
                         Some(&f.get_ref().at.span()),
@@ -634,7 +662,12 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
         }
         None if any_family => {
             return Err(cx.err(
-                None,
+                fd.on
+                    .iter()
+                    .chain(&fd.swarm)
+                    .next()
+                    .map(Spanned::span)
+                    .as_ref(),
                 "faults.window",
                 "missing: families in `on` or `swarm` need a window to act in",
             ))
@@ -731,7 +764,7 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
         name,
         about,
         executors,
-        jobs: wl.jobs,
+        jobs: *wl.jobs.get_ref(),
         arrival,
         fault_window,
         job_mean,
@@ -1178,6 +1211,46 @@ reach = ["commit-resent"]
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn more_mistakes_name_file_line_and_field() {
+        let e = err(&GOOD.replace(r#"about = "two executors""#, r#"about = " ""#));
+        assert!(
+            e.starts_with("scenarios/t.toml:2: about: must be one non-empty line"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("jobs = 10", "jobs = 0"));
+        assert!(
+            e.starts_with("scenarios/t.toml:8: workload.jobs: at least one job"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("window = \"60s\"\n", "on = [\"partition\"]\n"));
+        assert!(
+            e.starts_with("scenarios/t.toml:13: faults.window: missing"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_fault_outlasting_the_window_is_an_error_not_cut_short() {
+        // The heal at the end of the window lifts every cut and restarts every process: a
+        // partition "for 40s" at 30 s in a 60 s window would silently last 30 s.
+        let e = err(&GOOD.replace(
+            r#"{ at = "10s", partition = ["x1"], for = "5s" }"#,
+            r#"{ at = "30s", partition = ["x1"], for = "40s" }"#,
+        ));
+        assert!(
+            e.starts_with("scenarios/t.toml:15: faults.script[0]: lasts until 70s, after the end"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(r#"restart_after = "2s""#, r#"restart_after = "31s""#));
+        assert!(
+            e.starts_with("scenarios/t.toml:16: faults.script[1]: lasts until 61s"),
+            "{e}"
+        );
+        // Ending exactly at the window is fine.
+        load(&GOOD.replace(r#"restart_after = "2s""#, r#"restart_after = "30s""#)).unwrap();
     }
 
     #[test]
