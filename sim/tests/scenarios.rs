@@ -91,12 +91,33 @@ fn every_scenario_names_its_seeds_and_rare_paths() {
 
 #[test]
 fn the_source_directory_and_the_embedded_library_agree() {
+    // Same files, same text: a stale embedded copy (build.rs not rerun) would otherwise run
+    // an old version of a scenario under its current name.
     let dir = std::path::Path::new(scenario_file::SOURCE_DIR);
-    let from_disk = scenario_file::load_dir(dir).unwrap_or_else(|e| panic!("{e}"));
-    let embedded = scenario_file::embedded().unwrap();
-    let a: Vec<&str> = from_disk.iter().map(|s| s.name.as_str()).collect();
-    let b: Vec<&str> = embedded.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(a, b);
+    let mut on_disk: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_str().unwrap().to_string();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    on_disk.sort();
+    let embedded: Vec<(String, String)> = scenario_file::embedded_texts()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    let names = |v: &[(String, String)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&on_disk), names(&embedded));
+    for ((name, disk), (_, emb)) in on_disk.iter().zip(&embedded) {
+        assert!(
+            disk == emb,
+            "{name}: the embedded copy differs from scenarios/{name}.toml"
+        );
+    }
+    // And every file on disk loads.
+    scenario_file::load_dir(dir).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
