@@ -615,7 +615,8 @@ impl Sim {
                         job,
                     } = write
                     {
-                        self.times.terminal(*job, now);
+                        self.times
+                            .terminal(*job, now, t.status == TerminalStatus::Success);
                         let error = t.error.as_deref().unwrap_or("");
                         if t.status == TerminalStatus::Timeout {
                             self.cov.hit(Path::JobTimeout);

@@ -3,7 +3,7 @@
 //! its terminal result. Simulated time; the mill's store writes are instantaneous in the
 //! simulator, so "published" is also "durable".
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use millrace_core::JobId;
 
@@ -22,6 +22,8 @@ pub struct JobTimes {
     pub placed_latency: Vec<Micros>,
     /// The mill first wrote the job's terminal state (`JobState::Done`).
     pub terminal: BTreeMap<JobId, Micros>,
+    /// Jobs whose first terminal state was not a success (failed, cancelled, timed out).
+    pub unsuccessful: BTreeSet<JobId>,
 }
 
 impl JobTimes {
@@ -37,9 +39,14 @@ impl JobTimes {
             .push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
     }
 
-    /// The mill wrote `job`'s terminal state at `now`.
-    pub fn terminal(&mut self, job: JobId, now: Micros) {
-        self.terminal.entry(job).or_insert(now);
+    /// The mill wrote `job`'s terminal state at `now`; `success` says whether it succeeded.
+    pub fn terminal(&mut self, job: JobId, now: Micros, success: bool) {
+        if let std::collections::btree_map::Entry::Vacant(e) = self.terminal.entry(job) {
+            e.insert(now);
+            if !success {
+                self.unsuccessful.insert(job);
+            }
+        }
     }
 
     /// Submit → first published lease, per job that got one, in microseconds.

@@ -336,6 +336,13 @@ fn quality(
             failed = true;
             eprintln!("  load {load}: {} measured jobs never ended", r.missing);
         }
+        if r.unsuccessful > 0 {
+            failed = true;
+            eprintln!(
+                "  load {load}: {} measured jobs did not succeed (their response times are not comparable)",
+                r.unsuccessful
+            );
+        }
     }
     if failed {
         ExitCode::from(1)

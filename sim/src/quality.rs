@@ -121,6 +121,10 @@ pub struct Report {
     pub measured: usize,
     /// Measured jobs without a terminal (should be none).
     pub missing: usize,
+    /// Measured jobs whose terminal was not a success (should be none: every job runs its
+    /// exact duration and succeeds). A job failed early would end "fast" and flatter the
+    /// mean, so the harness counts them and the callers treat any as a broken run.
+    pub unsuccessful: usize,
     /// Millrace's response times.
     pub mill: Summary,
     /// The omniscient scheduler's.
@@ -298,6 +302,7 @@ pub fn run(setup: &Setup) -> Report {
             jobs,
             measured: 0,
             missing: 0,
+            unsuccessful: 0,
             mill: Summary::default(),
             ideal: Summary::default(),
             protocol: Summary::default(),
@@ -320,8 +325,12 @@ pub fn run(setup: &Setup) -> Report {
     let mut mill = Vec::with_capacity(measured.len());
     let mut placed = Vec::with_capacity(measured.len());
     let mut missing = 0;
+    let mut unsuccessful = 0;
     for &k in &measured {
         let job = sim.w.job_of_arrival[k];
+        if job.is_some_and(|j| sim.times.unsuccessful.contains(&j)) {
+            unsuccessful += 1;
+        }
         let end = job.and_then(|j| sim.times.terminal.get(&j));
         match end {
             Some(end) => mill.push(end.saturating_sub(times[k])),
@@ -339,6 +348,7 @@ pub fn run(setup: &Setup) -> Report {
         jobs,
         measured: measured.len(),
         missing,
+        unsuccessful,
         mill: Summary::of(mill),
         ideal: Summary::of(ideal_resp),
         protocol: Summary::of(measured.iter().map(|k| protocol_runs[*k].1).collect()),
@@ -402,6 +412,7 @@ mod tests {
         assert!(r.failure.is_none(), "{:?}", r.failure);
         assert!(r.jobs > 50, "{} jobs", r.jobs);
         assert_eq!(r.missing, 0);
+        assert_eq!(r.unsuccessful, 0);
         // Nobody beats the omniscient scheduler: at least the 2 ms of network per job more.
         assert!(r.mill.mean >= r.ideal.mean, "{r:?}");
         assert!(r.mill.p50 >= 4 * MS);
