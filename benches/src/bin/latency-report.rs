@@ -4,7 +4,11 @@
 //! scheduler. Prints the tables and rewrites their sections of BENCHMARKS.md (between
 //! `<!-- latency-report:begin -->`/`end` and `<!-- quality:begin -->`/`end`).
 //!
-//! `--no-write` prints only; `--quick` runs smaller workloads (a smoke check of the tool).
+//! `--no-write` prints only; `--quick` runs smaller workloads (a smoke check of the tool) and
+//! never writes: its numbers are not the ones the sections describe.
+//!
+//! Exit codes: 0 every measurement ran; 1 one did not (its row says why; the tables are still
+//! printed and written) or BENCHMARKS.md could not be read or written.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -465,31 +469,67 @@ fn quality_table(reports: &[sim::quality::Report]) -> String {
             f(r.ideal_wait_mean),
             f(r.protocol.mean),
             f(r.protocol.p99 as f64),
-            match (&r.failure, r.missing) {
-                (Some(v), _) => format!(" — **run broke a rule: {v}**"),
-                (None, 0) => String::new(),
-                (None, n) => format!(" — **{n} jobs never ended**"),
+            match (&r.failure, r.missing, r.unsuccessful) {
+                (Some(v), _, _) => format!(" — **run broke a rule: {v}**"),
+                (None, 0, 0) => String::new(),
+                (None, 0, n) => format!(" — **{n} jobs did not succeed**"),
+                (None, n, _) => format!(" — **{n} jobs never ended**"),
             }
         );
     }
     t
 }
 
-/// Replaces the text between `begin` and `end` in `doc` (appending the section if the
-/// markers are missing).
-fn splice(doc: &str, begin: &str, end: &str, body: &str, heading: &str) -> String {
+/// Replaces the text between `begin` and `end` in `doc`, or appends the section under
+/// `heading` when neither marker is there. A lone marker, markers out of order or a marker
+/// twice is an error: rewriting would duplicate the section or swallow text around it.
+fn splice(doc: &str, begin: &str, end: &str, body: &str, heading: &str) -> Result<String, String> {
+    let count = |m: &str| doc.matches(m).count();
     match (doc.find(begin), doc.find(end)) {
-        (Some(b), Some(e)) if b < e => {
-            format!("{}{begin}\n{body}{}", &doc[..b], &doc[e..])
+        _ if count(begin) > 1 || count(end) > 1 => {
+            Err(format!("{begin} or {end} appears more than once"))
         }
-        _ => format!("{}\n\n{heading}\n\n{begin}\n{body}{end}\n", doc.trim_end()),
+        (Some(b), Some(e)) if b < e => Ok(format!("{}{begin}\n{body}{}", &doc[..b], &doc[e..])),
+        (None, None) => Ok(format!(
+            "{}\n\n{heading}\n\n{begin}\n{body}{end}\n",
+            doc.trim_end()
+        )),
+        _ => Err(format!("{begin} and {end} are not a begin/end pair")),
     }
+}
+
+/// The rewritten BENCHMARKS.md: its text with both sections replaced (a missing file starts
+/// empty; any other read error is an error, never a reason to overwrite the file).
+fn rewrite(path: &Path, lat_body: &str, qual_body: &str) -> Result<String, String> {
+    let doc = match std::fs::read_to_string(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".into(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let doc = splice(
+        &doc,
+        LAT_BEGIN,
+        LAT_END,
+        lat_body,
+        "## Submit → committed latency (latency-report)",
+    )?;
+    splice(
+        &doc,
+        Q_BEGIN,
+        Q_END,
+        qual_body,
+        "## Placement quality against an omniscient scheduler",
+    )
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let write = !args.iter().any(|a| a == "--no-write");
     let quick = args.iter().any(|a| a == "--quick");
+    let write = !quick && !args.iter().any(|a| a == "--no-write");
+    if let Some(a) = args.iter().find(|a| *a != "--quick" && *a != "--no-write") {
+        eprintln!("error: unknown argument {a:?} (known: --quick, --no-write)");
+        return ExitCode::from(2);
+    }
     let began = Instant::now();
     let machine = machine();
     let date = utc_now();
@@ -629,7 +669,7 @@ mean, no faults, mill defaults (top_k {}); jobs arriving in the first {} s are w
 not measured. **Response** (millrace) = submit → the mill writes the job's terminal state. \
 **Ideal** = an exact FCFS M/M/{} event simulation on the same arrivals and durations (each \
 job starts at once on any free executor, else waits in one global FIFO queue) + 2 × {} ms \
-of network (deliver the job, return the result): wait + duration + 2 ms.\n\n{qual}\n",
+of network (deliver the job, return the result): wait + duration + {} ms.\n\n{qual}\n",
         s.as_ref().map_or(0, |s| s.executors),
         s.as_ref().map_or(0, |s| s.job_mean / 1000),
         s.as_ref().map_or(0, |s| s.latency / 1000),
@@ -638,30 +678,87 @@ of network (deliver the job, return the result): wait + duration + 2 ms.\n\n{qua
         s.as_ref().map_or(0, |s| s.warmup / sim::scenario::SEC),
         s.as_ref().map_or(0, |s| s.executors),
         s.as_ref().map_or(0, |s| s.latency / 1000),
+        s.as_ref().map_or(0, |s| 2 * s.latency / 1000),
     );
     println!("{lat_body}\n{qual_body}");
+    let mut failed = false;
+    for r in &rows {
+        if let Err(why) = &r.result {
+            failed = true;
+            eprintln!("error: {} did not run: {why}", r.what);
+        }
+    }
+    for r in &reports {
+        if r.failure.is_some() || r.missing > 0 || r.unsuccessful > 0 {
+            failed = true;
+            eprintln!(
+                "error: placement quality at {:.0}% load is not a clean run (see its row)",
+                r.setup.load * 100.0
+            );
+        }
+    }
     if write {
         let path = workspace().join("BENCHMARKS.md");
-        let doc = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
-        let doc = splice(
-            &doc,
-            LAT_BEGIN,
-            LAT_END,
-            &lat_body,
-            "## Submit → committed latency (latency-report)",
-        );
-        let doc = splice(
-            &doc,
-            Q_BEGIN,
-            Q_END,
-            &qual_body,
-            "## Placement quality against an omniscient scheduler",
-        );
-        if let Err(e) = std::fs::write(&path, doc) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::from(1);
+        let written = rewrite(&path, &lat_body, &qual_body).and_then(|doc| {
+            std::fs::write(&path, doc).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        });
+        match written {
+            Ok(()) => eprintln!("wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("error: {e}; BENCHMARKS.md left as it was");
+                return ExitCode::from(1);
+            }
         }
-        eprintln!("wrote {}", path.display());
     }
-    ExitCode::SUCCESS
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splice_replaces_only_its_section() {
+        let doc = "# B\n\nbefore\n<!-- a -->\nold\n<!-- b -->\nafter\n";
+        let out = splice(doc, "<!-- a -->", "<!-- b -->", "new\n", "## H").unwrap();
+        assert_eq!(out, "# B\n\nbefore\n<!-- a -->\nnew\n<!-- b -->\nafter\n");
+    }
+
+    #[test]
+    fn splice_appends_a_missing_section() {
+        let out = splice("# B\n", "<!-- a -->", "<!-- b -->", "new\n", "## H").unwrap();
+        assert_eq!(out, "# B\n\n## H\n\n<!-- a -->\nnew\n<!-- b -->\n");
+    }
+
+    #[test]
+    fn splice_refuses_broken_markers() {
+        for doc in [
+            "x <!-- a --> y",
+            "x <!-- b --> y",
+            "<!-- b --> x <!-- a -->",
+            "<!-- a --> 1 <!-- b --> 2 <!-- a --> 3 <!-- b -->",
+        ] {
+            assert!(
+                splice(doc, "<!-- a -->", "<!-- b -->", "new\n", "## H").is_err(),
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_benchmarks_file_is_not_overwritten() {
+        // A directory where the file should be: reading fails with something other than
+        // NotFound, and rewrite must refuse rather than start from an empty document.
+        let dir = std::env::temp_dir().join(format!("latency-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(rewrite(&dir, "l\n", "q\n").is_err());
+        let missing = dir.join("absent.md");
+        let doc = rewrite(&missing, "l\n", "q\n").unwrap();
+        assert!(doc.starts_with("# Benchmarks\n"), "{doc}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
