@@ -652,7 +652,10 @@ fn main() -> ExitCode {
     let lat = latency_table(&rows);
     let qual = quality_table(&reports);
     let took = began.elapsed().as_secs();
-    let command = "cargo run --release -p benches --bin latency-report";
+    let command = format!(
+        "cargo run --release -p benches --bin latency-report{}",
+        if quick { " -- --quick" } else { "" }
+    );
     let lat_body = format!(
         "Command: `{command}` ({date}; took {took} s). Machine: {machine}.\n\n{lat}\n\
 Latency is from the submit to the moment named in the second column. The core row is the \
