@@ -952,6 +952,15 @@ impl Sim {
                 self.check(r);
                 let inc = self.w.execs[i].inc;
                 let exact = self.durations.as_ref().map(|d| d.of(&spec));
+                if exact == Some(None) {
+                    // A quality run must give every job its exact duration; a made-up one
+                    // would skew the comparison with the ideal.
+                    self.violate(Violation {
+                        rule: "quality",
+                        message: format!("{lease:?}: the job's payload names no exact duration"),
+                    });
+                }
+                let exact = exact.flatten();
                 let rng = &mut self.engines;
                 if let Some(d) = exact {
                     // The engine starts at once, runs exactly `d` and succeeds.

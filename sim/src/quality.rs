@@ -36,15 +36,16 @@ pub struct Durations {
 }
 
 impl Durations {
-    /// The duration of the job `spec` (its payload holds its index, little-endian u64).
-    pub fn of(&self, spec: &JobSpec) -> Micros {
+    /// The duration of the job `spec` (its payload holds its index, little-endian u64);
+    /// `None` when the payload names no job of the experiment.
+    pub fn of(&self, spec: &JobSpec) -> Option<Micros> {
         let k = spec
             .payload
             .get(..8)
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map(u64::from_le_bytes)
-            .and_then(|k| usize::try_from(k).ok());
-        k.and_then(|k| self.per_job.get(k).copied()).unwrap_or(MS)
+            .and_then(|k| usize::try_from(k).ok())?;
+        self.per_job.get(k).copied()
     }
 }
 
@@ -362,6 +363,18 @@ pub fn run(setup: &Setup) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_without_an_exact_duration_is_not_given_one() {
+        let d = Durations {
+            per_job: vec![5 * MS, 7 * MS],
+        };
+        assert_eq!(d.of(&job(1)), Some(7 * MS));
+        assert_eq!(d.of(&job(2)), None);
+        let mut short = job(0);
+        short.payload.truncate(3);
+        assert_eq!(d.of(&short), None);
+    }
 
     #[test]
     fn ideal_is_fcfs_on_one_executor() {
