@@ -397,8 +397,13 @@ pub fn embedded_texts() -> impl Iterator<Item = (&'static str, &'static str)> {
 }
 
 fn parse(cx: &Ctx<'_>) -> Result<Doc, LoadError> {
-    let de = toml::Deserializer::parse(cx.text)
-        .map_err(|e| cx.err(e.span().as_ref(), "", e.message().to_string()))?;
+    let de = toml::Deserializer::parse(cx.text).map_err(|e| {
+        let field = e
+            .span()
+            .map(|span| syntax_field(cx.text, &span))
+            .unwrap_or_default();
+        cx.err(e.span().as_ref(), field, e.message().to_string())
+    })?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
@@ -408,6 +413,30 @@ fn parse(cx: &Ctx<'_>) -> Result<Doc, LoadError> {
         let field = if field == "." { String::new() } else { field };
         cx.err(inner.span().as_ref(), field, inner.message().to_string())
     })
+}
+
+/// The field a TOML syntax error sits in, as far as the text says: the enclosing table
+/// header and, when the error's span is a bare key (a duplicate key), that key.
+fn syntax_field(text: &str, span: &Range<usize>) -> String {
+    let start = span.start.min(text.len());
+    let table = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .and_then(|l| l.trim_start_matches('[').split(']').next())
+        .map(|t| t.trim().to_string());
+    let key = text.get(span.clone()).map(str::trim).filter(|k| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    match (table, key) {
+        (Some(t), Some(k)) => format!("{t}.{k}"),
+        (Some(t), None) => t,
+        (None, Some(k)) => k.to_string(),
+        (None, None) => String::new(),
+    }
 }
 
 fn family(cx: &Ctx<'_>, name: &Spanned<String>, field: &str) -> Result<Family, LoadError> {
@@ -1228,6 +1257,22 @@ reach = ["commit-resent"]
         let e = err(&GOOD.replace("window = \"60s\"\n", "on = [\"partition\"]\n"));
         assert!(
             e.starts_with("scenarios/t.toml:13: faults.window: missing"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_name_the_field_too() {
+        let e = err(&GOOD.replace("jobs = 10", "jobs = 10\njobs = 3"));
+        assert!(
+            e.starts_with("scenarios/t.toml:9: workload.jobs: duplicate key"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("jobs = 10", "jobs = = 10"));
+        assert!(e.starts_with("scenarios/t.toml:8: workload: "), "{e}");
+        let e = err(&GOOD.replace("[workload]", "[workload]  # the jobs\nwho = 1\nwho = 2"));
+        assert!(
+            e.starts_with("scenarios/t.toml:9: workload.who: duplicate key"),
             "{e}"
         );
     }
