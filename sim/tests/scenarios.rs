@@ -141,3 +141,36 @@ fn i10_every_scenario_file_replays_to_the_same_trace_hash() {
         assert_eq!(a.stats.events, fast.stats.events, "{}", s.name);
     }
 }
+
+#[test]
+fn the_twelve_situations_of_issue_6_each_have_a_scenario_that_requires_its_counter() {
+    // Each situation issue 6 names, the file that targets it and the counter that says it
+    // happened. Dropping the file, or the counter from its `expect.reach` (so that the
+    // scenario would pass without reaching it), fails here.
+    const REQUIRED: [(&str, &str); 13] = [
+        ("exec-crash-midrun", "exec-crash-with-running-jobs"),
+        ("partition-during-commit", "partition-during-commit"),
+        ("partition-during-cancel", "cancel-while-partitioned"),
+        ("mill-restart-leases", "mill-restart-with-running-leases"),
+        ("mill-restart-leases", "mill-crash-with-reserved-leases"),
+        ("exec-restart-unacked", "crash-with-results-behind-cut"),
+        ("disk-wipe", "old-epoch-lease-failed"),
+        ("quota-contention", "quota-wait"),
+        ("violator-quarantine", "quarantine"),
+        ("flapping", "flapping-reconnects"),
+        ("reconnect-storm", "reconnect-storm"),
+        ("slow-teardown", "teardown-deadline"),
+        ("label-placement", "label-constrained-placement"),
+    ];
+    let all = scenario_file::embedded().unwrap();
+    for (name, key) in REQUIRED {
+        let s = all
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no scenario {name}"));
+        assert!(
+            s.expect.reach.iter().any(|p| p.key() == key),
+            "{name}: expect.reach does not require {key}"
+        );
+    }
+}
