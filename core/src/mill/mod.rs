@@ -18,6 +18,7 @@ mod placement;
 mod restart;
 mod session;
 mod store;
+mod terminals;
 #[cfg(test)]
 mod tests;
 mod view;
