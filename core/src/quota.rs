@@ -30,6 +30,9 @@ use crate::types::{bounded_reason, JobId, Resources};
 /// callers, so this only cuts a reason if a caller forgot to validate.
 const MAX_DENIED_REASON: usize = 512;
 
+/// Idle interned charges the ledger may keep however few charges are in use.
+const IDLE_CHARGES: usize = 256;
+
 /// A quota scope.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Scope {
@@ -146,13 +149,16 @@ pub enum QuotaError {
 }
 
 /// What one reservation charges, held or waiting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    /// Interned in `QuotaLedger::identities`: most jobs share an identity with other jobs,
-    /// so an entry takes a reference instead of copying both names.
-    identity: Arc<Identity>,
+#[derive(Debug, PartialEq, Eq)]
+struct Charge {
+    identity: Identity,
     charge: Resources,
 }
+
+/// A reservation's charge, interned in `QuotaLedger::interned`: most jobs share an identity
+/// and a charge with other jobs, so an entry takes a reference instead of copying both names
+/// and the charge's map (allocated on acquire and freed on release, once per job).
+type Entry = Arc<Charge>;
 
 /// A request that waits (Q2).
 #[derive(Debug, Clone)]
@@ -180,9 +186,15 @@ pub struct QuotaLedger {
     waiters_per_scope: [BTreeMap<String, usize>; 2],
     /// The arrival number of the next waiter.
     next_arrival: u64,
-    /// The identities of holds and waiters, each shared by its entries, with how many
-    /// entries hold it; an identity leaves with its last entry.
-    identities: BTreeMap<Identity, (Arc<Identity>, usize)>,
+    /// The charges of holds and waiters by identity, then charge, each shared by its
+    /// entries, with how many entries hold it. A charge whose last entry left stays (idle)
+    /// for the next job of that identity and charge, so that a steady stream of one-at-a-time
+    /// jobs does not build and free it every time; idle charges are swept once they outnumber
+    /// both `IDLE_CHARGES` and the charges in use, so they stay bounded.
+    interned: BTreeMap<Identity, BTreeMap<Resources, (Entry, usize)>>,
+    /// How many charges `interned` holds, and how many of them are idle.
+    charges: usize,
+    idle: usize,
 }
 
 impl QuotaLedger {
@@ -206,8 +218,8 @@ impl QuotaLedger {
         let mut ledger = Self::new(config);
         for (id, identity, charge) in holds {
             ledger.remove_hold(id);
-            let identity = ledger.intern(&identity);
-            ledger.add_hold(id, Entry { identity, charge });
+            let entry = ledger.intern(&identity, &charge);
+            ledger.add_hold(id, entry);
         }
         ledger
     }
@@ -226,14 +238,14 @@ impl QuotaLedger {
         charge: &Resources,
     ) -> Result<Acquire, QuotaError> {
         if let Some(held) = self.holds.get(&id) {
-            return if *held.identity == *identity && held.charge == *charge {
+            return if held.identity == *identity && held.charge == *charge {
                 Ok(Acquire::Allowed)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
             };
         }
         if let Some(waiter) = self.waiting.get(&id) {
-            return if *waiter.entry.identity == *identity && waiter.entry.charge == *charge {
+            return if waiter.entry.identity == *identity && waiter.entry.charge == *charge {
                 Ok(Acquire::Temporary)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
@@ -242,10 +254,7 @@ impl QuotaLedger {
         if let Some(reason) = self.denial(identity, charge) {
             return Ok(Acquire::Denied { reason });
         }
-        let entry = Entry {
-            identity: self.intern(identity),
-            charge: charge.clone(),
-        };
+        let entry = self.intern(identity, charge);
         // An empty charge takes nothing from anyone, so it never waits.
         let behind_waiters = scopes_of(identity)
             .iter()
@@ -265,7 +274,7 @@ impl QuotaLedger {
         let removed = self.remove_hold(id)
             || self
                 .take_waiter(id)
-                .map(|entry| self.unintern(&entry.identity))
+                .map(|entry| self.unintern(&entry))
                 .is_some();
         if !removed {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
@@ -281,7 +290,7 @@ impl QuotaLedger {
 
     /// The charge held for `id`, if held.
     pub fn held(&self, id: JobId) -> Option<(&Identity, &Resources)> {
-        self.holds.get(&id).map(|e| (&*e.identity, &e.charge))
+        self.holds.get(&id).map(|e| (&e.identity, &e.charge))
     }
 
     /// True when `id` waits (Q2).
@@ -315,7 +324,7 @@ impl QuotaLedger {
     pub fn holds(&self) -> impl Iterator<Item = (JobId, &Identity, &Resources)> + '_ {
         self.holds
             .iter()
-            .map(|(&id, e)| (id, &*e.identity, &e.charge))
+            .map(|(&id, e)| (id, &e.identity, &e.charge))
     }
 
     /// How many requests wait.
@@ -328,7 +337,7 @@ impl QuotaLedger {
         self.queue.values().filter_map(move |id| {
             self.waiting
                 .get(id)
-                .map(|w| (*id, &*w.entry.identity, &w.entry.charge))
+                .map(|w| (*id, &w.entry.identity, &w.entry.charge))
         })
     }
 
@@ -417,29 +426,57 @@ impl QuotaLedger {
                 by_name.remove(name);
             }
         }
-        self.unintern(&entry.identity);
+        self.unintern(&entry);
         true
     }
 
-    /// The shared copy of `identity`, counted once more.
-    fn intern(&mut self, identity: &Identity) -> Arc<Identity> {
-        if let Some((shared, count)) = self.identities.get_mut(identity) {
+    /// The shared copy of `charge` for `identity`, counted once more.
+    fn intern(&mut self, identity: &Identity, charge: &Resources) -> Entry {
+        let by_charge = match self.interned.get_mut(identity) {
+            Some(by_charge) => by_charge,
+            None => self.interned.entry(identity.clone()).or_default(),
+        };
+        if let Some((shared, count)) = by_charge.get_mut(charge) {
+            if *count == 0 {
+                self.idle = self.idle.saturating_sub(1);
+            }
             *count = count.saturating_add(1);
             return Arc::clone(shared);
         }
-        let shared = Arc::new(identity.clone());
-        self.identities
-            .insert(identity.clone(), (Arc::clone(&shared), 1));
+        let shared = Arc::new(Charge {
+            identity: identity.clone(),
+            charge: charge.clone(),
+        });
+        by_charge.insert(charge.clone(), (Arc::clone(&shared), 1));
+        self.charges = self.charges.saturating_add(1);
         shared
     }
 
-    /// One entry of `identity` fewer; forgets it with its last entry.
-    fn unintern(&mut self, identity: &Identity) {
-        if let Some((_, count)) = self.identities.get_mut(identity) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.identities.remove(identity);
-            }
+    /// One use of `entry` fewer; with its last use it becomes idle.
+    fn unintern(&mut self, entry: &Entry) {
+        let Some(by_charge) = self.interned.get_mut(&entry.identity) else {
+            return;
+        };
+        let Some((_, count)) = by_charge.get_mut(&entry.charge) else {
+            return;
+        };
+        if *count == 0 {
+            return;
+        }
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        self.idle = self.idle.saturating_add(1);
+        let in_use = self.charges.saturating_sub(self.idle);
+        if self.idle > IDLE_CHARGES.max(in_use) {
+            // Each sweep removes more charges than remain, so it costs O(1) per release.
+            self.interned.retain(|_, by_charge| {
+                by_charge.retain(|_, (_, count)| *count > 0);
+                !by_charge.is_empty()
+            });
+            self.charges = in_use;
+            self.idle = 0;
         }
     }
 
@@ -584,13 +621,37 @@ mod tests {
             acquire(&mut q, 2, &who, &res(&[("cpu", 3)])),
             Acquire::Temporary
         );
-        let count = |q: &QuotaLedger| q.identities.get(&who).map(|(_, n)| *n);
+        let count = |q: &QuotaLedger| {
+            q.interned
+                .get(&who)
+                .and_then(|c| c.get(&res(&[("cpu", 3)])))
+                .map(|(_, n)| *n)
+        };
         assert_eq!(count(&q), Some(2));
         q.release(JobId(2));
         q.release(JobId(2));
         assert_eq!(count(&q), Some(1));
         q.release(JobId(1));
-        assert!(q.identities.is_empty());
+        assert_eq!(count(&q), Some(0), "kept idle for the next job like it");
+        assert_eq!((q.charges, q.idle), (1, 1));
+        acquire(&mut q, 3, &who, &res(&[("cpu", 3)]));
+        assert_eq!(count(&q), Some(1));
+        assert_eq!((q.charges, q.idle), (1, 0));
+        q.release(JobId(3));
+        // Idle charges of many identities are swept, so they stay bounded.
+        for i in 0..2_000u64 {
+            let other = ident("acme", &format!("r{i}"));
+            acquire(&mut q, 10 + i, &other, &res(&[("cpu", 1)]));
+            q.release(JobId(10 + i));
+            let held: usize = q.interned.values().map(BTreeMap::len).sum();
+            assert_eq!(held, q.charges);
+            assert!(
+                q.charges <= super::IDLE_CHARGES + 1,
+                "{} charges",
+                q.charges
+            );
+        }
+        assert_eq!(q.holds().count(), 0);
     }
 
     #[test]
