@@ -187,14 +187,18 @@ pub struct QuotaLedger {
     /// The arrival number of the next waiter.
     next_arrival: u64,
     /// The charges of holds and waiters by identity, then charge, each shared by its
-    /// entries, with how many entries hold it. A charge whose last entry left stays (idle)
-    /// for the next job of that identity and charge, so that a steady stream of one-at-a-time
-    /// jobs does not build and free it every time; idle charges are swept once they outnumber
-    /// both `IDLE_CHARGES` and the charges in use, so they stay bounded.
-    interned: BTreeMap<Identity, BTreeMap<Resources, (Entry, usize)>>,
-    /// How many charges `interned` holds, and how many of them are idle.
+    /// entries (the `Arc`'s count is the number of entries plus one, so releasing an entry
+    /// only drops its reference). A charge whose last entry left stays (idle) for the next
+    /// job of that identity and charge, so that a steady stream of one-at-a-time jobs does
+    /// not build and free it every time. Idle charges are swept when a new charge would make
+    /// `charges` exceed `sweep_at`, which is then set to twice what remains (at least
+    /// `IDLE_CHARGES`): memory stays within twice the peak of charges in use, and each sweep
+    /// is paid for by the new charges since the last one.
+    interned: BTreeMap<Identity, BTreeMap<Resources, Entry>>,
+    /// How many charges `interned` holds.
     charges: usize,
-    idle: usize,
+    /// When the next new charge sweeps idle ones (0 until the first: read as `IDLE_CHARGES`).
+    sweep_at: usize,
 }
 
 impl QuotaLedger {
@@ -271,11 +275,7 @@ impl QuotaLedger {
     /// Q3: releases a hold or drops a waiter (idempotent), then grants waiters that now fit,
     /// FIFO per scope (Q2). Returns the ids granted, in grant order; they are now held.
     pub fn release(&mut self, id: JobId) -> Vec<JobId> {
-        let removed = self.remove_hold(id)
-            || self
-                .take_waiter(id)
-                .map(|entry| self.unintern(&entry))
-                .is_some();
+        let removed = self.remove_hold(id) || self.take_waiter(id).is_some();
         if !removed {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
             return Vec::new();
@@ -426,7 +426,6 @@ impl QuotaLedger {
                 by_name.remove(name);
             }
         }
-        self.unintern(&entry);
         true
     }
 
@@ -436,48 +435,30 @@ impl QuotaLedger {
             Some(by_charge) => by_charge,
             None => self.interned.entry(identity.clone()).or_default(),
         };
-        if let Some((shared, count)) = by_charge.get_mut(charge) {
-            if *count == 0 {
-                self.idle = self.idle.saturating_sub(1);
-            }
-            *count = count.saturating_add(1);
+        if let Some(shared) = by_charge.get(charge) {
             return Arc::clone(shared);
+        }
+        if self.charges >= self.sweep_at.max(IDLE_CHARGES) {
+            self.sweep_idle();
+            return self.intern(identity, charge);
         }
         let shared = Arc::new(Charge {
             identity: identity.clone(),
             charge: charge.clone(),
         });
-        by_charge.insert(charge.clone(), (Arc::clone(&shared), 1));
+        by_charge.insert(charge.clone(), Arc::clone(&shared));
         self.charges = self.charges.saturating_add(1);
         shared
     }
 
-    /// One use of `entry` fewer; with its last use it becomes idle.
-    fn unintern(&mut self, entry: &Entry) {
-        let Some(by_charge) = self.interned.get_mut(&entry.identity) else {
-            return;
-        };
-        let Some((_, count)) = by_charge.get_mut(&entry.charge) else {
-            return;
-        };
-        if *count == 0 {
-            return;
-        }
-        *count -= 1;
-        if *count > 0 {
-            return;
-        }
-        self.idle = self.idle.saturating_add(1);
-        let in_use = self.charges.saturating_sub(self.idle);
-        if self.idle > IDLE_CHARGES.max(in_use) {
-            // Each sweep removes more charges than remain, so it costs O(1) per release.
-            self.interned.retain(|_, by_charge| {
-                by_charge.retain(|_, (_, count)| *count > 0);
-                !by_charge.is_empty()
-            });
-            self.charges = in_use;
-            self.idle = 0;
-        }
+    /// Forgets the interned charges no entry uses.
+    fn sweep_idle(&mut self) {
+        self.interned.retain(|_, by_charge| {
+            by_charge.retain(|_, shared| Arc::strong_count(shared) > 1);
+            !by_charge.is_empty()
+        });
+        self.charges = self.interned.values().map(BTreeMap::len).sum();
+        self.sweep_at = self.charges.saturating_mul(2).max(IDLE_CHARGES);
     }
 
     fn add_waiter(&mut self, id: JobId, entry: Entry) {
@@ -621,11 +602,12 @@ mod tests {
             acquire(&mut q, 2, &who, &res(&[("cpu", 3)])),
             Acquire::Temporary
         );
+        // Entries sharing the interned charge (the ledger's own reference not counted).
         let count = |q: &QuotaLedger| {
             q.interned
                 .get(&who)
                 .and_then(|c| c.get(&res(&[("cpu", 3)])))
-                .map(|(_, n)| *n)
+                .map(|shared| Arc::strong_count(shared) - 1)
         };
         assert_eq!(count(&q), Some(2));
         q.release(JobId(2));
@@ -633,10 +615,9 @@ mod tests {
         assert_eq!(count(&q), Some(1));
         q.release(JobId(1));
         assert_eq!(count(&q), Some(0), "kept idle for the next job like it");
-        assert_eq!((q.charges, q.idle), (1, 1));
         acquire(&mut q, 3, &who, &res(&[("cpu", 3)]));
         assert_eq!(count(&q), Some(1));
-        assert_eq!((q.charges, q.idle), (1, 0));
+        assert_eq!(q.charges, 1);
         q.release(JobId(3));
         // Idle charges of many identities are swept, so they stay bounded.
         for i in 0..2_000u64 {
@@ -645,11 +626,7 @@ mod tests {
             q.release(JobId(10 + i));
             let held: usize = q.interned.values().map(BTreeMap::len).sum();
             assert_eq!(held, q.charges);
-            assert!(
-                q.charges <= super::IDLE_CHARGES + 1,
-                "{} charges",
-                q.charges
-            );
+            assert!(q.charges <= super::IDLE_CHARGES, "{} charges", q.charges);
         }
         assert_eq!(q.holds().count(), 0);
     }
