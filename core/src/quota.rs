@@ -275,12 +275,19 @@ impl QuotaLedger {
     /// Q3: releases a hold or drops a waiter (idempotent), then grants waiters that now fit,
     /// FIFO per scope (Q2). Returns the ids granted, in grant order; they are now held.
     pub fn release(&mut self, id: JobId) -> Vec<JobId> {
-        let removed = self.remove_hold(id) || self.take_waiter(id).is_some();
-        if !removed {
+        self.release_reporting(id).1
+    }
+
+    /// [`release`](Self::release), also telling whether `id` held a reservation (rather than
+    /// waited, or neither): the mill persists only released holds, and asking
+    /// [`is_held`](Self::is_held) first would search the holds twice.
+    pub fn release_reporting(&mut self, id: JobId) -> (bool, Vec<JobId>) {
+        let held = self.remove_hold(id);
+        if !held && self.take_waiter(id).is_none() {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
-            return Vec::new();
+            return (false, Vec::new());
         }
-        self.grant_waiters()
+        (held, self.grant_waiters())
     }
 
     /// True when `id` holds a reservation.
