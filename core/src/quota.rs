@@ -30,6 +30,9 @@ use crate::types::{bounded_reason, JobId, Resources};
 /// callers, so this only cuts a reason if a caller forgot to validate.
 const MAX_DENIED_REASON: usize = 512;
 
+/// Idle interned charges the ledger may keep however few charges are in use.
+const IDLE_CHARGES: usize = 256;
+
 /// A quota scope.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Scope {
@@ -146,13 +149,16 @@ pub enum QuotaError {
 }
 
 /// What one reservation charges, held or waiting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    /// Interned in `QuotaLedger::identities`: most jobs share an identity with other jobs,
-    /// so an entry takes a reference instead of copying both names.
-    identity: Arc<Identity>,
+#[derive(Debug, PartialEq, Eq)]
+struct Charge {
+    identity: Identity,
     charge: Resources,
 }
+
+/// A reservation's charge, interned in `QuotaLedger::interned`: most jobs share an identity
+/// and a charge with other jobs, so an entry takes a reference instead of copying both names
+/// and the charge's map (allocated on acquire and freed on release, once per job).
+type Entry = Arc<Charge>;
 
 /// A request that waits (Q2).
 #[derive(Debug, Clone)]
@@ -180,9 +186,19 @@ pub struct QuotaLedger {
     waiters_per_scope: [BTreeMap<String, usize>; 2],
     /// The arrival number of the next waiter.
     next_arrival: u64,
-    /// The identities of holds and waiters, each shared by its entries, with how many
-    /// entries hold it; an identity leaves with its last entry.
-    identities: BTreeMap<Identity, (Arc<Identity>, usize)>,
+    /// The charges of holds and waiters by identity, then charge, each shared by its
+    /// entries (the `Arc`'s count is the number of entries plus one, so releasing an entry
+    /// only drops its reference). A charge whose last entry left stays (idle) for the next
+    /// job of that identity and charge, so that a steady stream of one-at-a-time jobs does
+    /// not build and free it every time. Idle charges are swept when a new charge would make
+    /// `charges` exceed `sweep_at`, which is then set to twice what remains (at least
+    /// `IDLE_CHARGES`): memory stays within twice the peak of charges in use, and each sweep
+    /// is paid for by the new charges since the last one.
+    interned: BTreeMap<Identity, BTreeMap<Resources, Entry>>,
+    /// How many charges `interned` holds.
+    charges: usize,
+    /// When the next new charge sweeps idle ones (0 until the first: read as `IDLE_CHARGES`).
+    sweep_at: usize,
 }
 
 impl QuotaLedger {
@@ -206,8 +222,8 @@ impl QuotaLedger {
         let mut ledger = Self::new(config);
         for (id, identity, charge) in holds {
             ledger.remove_hold(id);
-            let identity = ledger.intern(&identity);
-            ledger.add_hold(id, Entry { identity, charge });
+            let entry = ledger.intern(&identity, &charge);
+            ledger.add_hold(id, entry);
         }
         ledger
     }
@@ -226,14 +242,14 @@ impl QuotaLedger {
         charge: &Resources,
     ) -> Result<Acquire, QuotaError> {
         if let Some(held) = self.holds.get(&id) {
-            return if *held.identity == *identity && held.charge == *charge {
+            return if held.identity == *identity && held.charge == *charge {
                 Ok(Acquire::Allowed)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
             };
         }
         if let Some(waiter) = self.waiting.get(&id) {
-            return if *waiter.entry.identity == *identity && waiter.entry.charge == *charge {
+            return if waiter.entry.identity == *identity && waiter.entry.charge == *charge {
                 Ok(Acquire::Temporary)
             } else {
                 Err(QuotaError::ConflictingCharge { id })
@@ -242,10 +258,7 @@ impl QuotaLedger {
         if let Some(reason) = self.denial(identity, charge) {
             return Ok(Acquire::Denied { reason });
         }
-        let entry = Entry {
-            identity: self.intern(identity),
-            charge: charge.clone(),
-        };
+        let entry = self.intern(identity, charge);
         // An empty charge takes nothing from anyone, so it never waits.
         let behind_waiters = scopes_of(identity)
             .iter()
@@ -262,16 +275,19 @@ impl QuotaLedger {
     /// Q3: releases a hold or drops a waiter (idempotent), then grants waiters that now fit,
     /// FIFO per scope (Q2). Returns the ids granted, in grant order; they are now held.
     pub fn release(&mut self, id: JobId) -> Vec<JobId> {
-        let removed = self.remove_hold(id)
-            || self
-                .take_waiter(id)
-                .map(|entry| self.unintern(&entry.identity))
-                .is_some();
-        if !removed {
+        self.release_reporting(id).1
+    }
+
+    /// [`release`](Self::release), also telling whether `id` held a reservation (rather than
+    /// waited, or neither): the mill persists only released holds, and asking
+    /// [`is_held`](Self::is_held) first would search the holds twice.
+    pub fn release_reporting(&mut self, id: JobId) -> (bool, Vec<JobId>) {
+        let held = self.remove_hold(id);
+        if !held && self.take_waiter(id).is_none() {
             // Nothing changed, so (by the ledger's invariant) nothing can be granted.
-            return Vec::new();
+            return (false, Vec::new());
         }
-        self.grant_waiters()
+        (held, self.grant_waiters())
     }
 
     /// True when `id` holds a reservation.
@@ -281,7 +297,7 @@ impl QuotaLedger {
 
     /// The charge held for `id`, if held.
     pub fn held(&self, id: JobId) -> Option<(&Identity, &Resources)> {
-        self.holds.get(&id).map(|e| (&*e.identity, &e.charge))
+        self.holds.get(&id).map(|e| (&e.identity, &e.charge))
     }
 
     /// True when `id` waits (Q2).
@@ -315,7 +331,7 @@ impl QuotaLedger {
     pub fn holds(&self) -> impl Iterator<Item = (JobId, &Identity, &Resources)> + '_ {
         self.holds
             .iter()
-            .map(|(&id, e)| (id, &*e.identity, &e.charge))
+            .map(|(&id, e)| (id, &e.identity, &e.charge))
     }
 
     /// How many requests wait.
@@ -328,7 +344,7 @@ impl QuotaLedger {
         self.queue.values().filter_map(move |id| {
             self.waiting
                 .get(id)
-                .map(|w| (*id, &*w.entry.identity, &w.entry.charge))
+                .map(|w| (*id, &w.entry.identity, &w.entry.charge))
         })
     }
 
@@ -417,30 +433,39 @@ impl QuotaLedger {
                 by_name.remove(name);
             }
         }
-        self.unintern(&entry.identity);
         true
     }
 
-    /// The shared copy of `identity`, counted once more.
-    fn intern(&mut self, identity: &Identity) -> Arc<Identity> {
-        if let Some((shared, count)) = self.identities.get_mut(identity) {
-            *count = count.saturating_add(1);
+    /// The shared copy of `charge` for `identity`, counted once more.
+    fn intern(&mut self, identity: &Identity, charge: &Resources) -> Entry {
+        let by_charge = match self.interned.get_mut(identity) {
+            Some(by_charge) => by_charge,
+            None => self.interned.entry(identity.clone()).or_default(),
+        };
+        if let Some(shared) = by_charge.get(charge) {
             return Arc::clone(shared);
         }
-        let shared = Arc::new(identity.clone());
-        self.identities
-            .insert(identity.clone(), (Arc::clone(&shared), 1));
+        if self.charges >= self.sweep_at.max(IDLE_CHARGES) {
+            self.sweep_idle();
+            return self.intern(identity, charge);
+        }
+        let shared = Arc::new(Charge {
+            identity: identity.clone(),
+            charge: charge.clone(),
+        });
+        by_charge.insert(charge.clone(), Arc::clone(&shared));
+        self.charges = self.charges.saturating_add(1);
         shared
     }
 
-    /// One entry of `identity` fewer; forgets it with its last entry.
-    fn unintern(&mut self, identity: &Identity) {
-        if let Some((_, count)) = self.identities.get_mut(identity) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.identities.remove(identity);
-            }
-        }
+    /// Forgets the interned charges no entry uses.
+    fn sweep_idle(&mut self) {
+        self.interned.retain(|_, by_charge| {
+            by_charge.retain(|_, shared| Arc::strong_count(shared) > 1);
+            !by_charge.is_empty()
+        });
+        self.charges = self.interned.values().map(BTreeMap::len).sum();
+        self.sweep_at = self.charges.saturating_mul(2).max(IDLE_CHARGES);
     }
 
     fn add_waiter(&mut self, id: JobId, entry: Entry) {
@@ -584,13 +609,33 @@ mod tests {
             acquire(&mut q, 2, &who, &res(&[("cpu", 3)])),
             Acquire::Temporary
         );
-        let count = |q: &QuotaLedger| q.identities.get(&who).map(|(_, n)| *n);
+        // Entries sharing the interned charge (the ledger's own reference not counted).
+        let count = |q: &QuotaLedger| {
+            q.interned
+                .get(&who)
+                .and_then(|c| c.get(&res(&[("cpu", 3)])))
+                .map(|shared| Arc::strong_count(shared) - 1)
+        };
         assert_eq!(count(&q), Some(2));
         q.release(JobId(2));
         q.release(JobId(2));
         assert_eq!(count(&q), Some(1));
         q.release(JobId(1));
-        assert!(q.identities.is_empty());
+        assert_eq!(count(&q), Some(0), "kept idle for the next job like it");
+        acquire(&mut q, 3, &who, &res(&[("cpu", 3)]));
+        assert_eq!(count(&q), Some(1));
+        assert_eq!(q.charges, 1);
+        q.release(JobId(3));
+        // Idle charges of many identities are swept, so they stay bounded.
+        for i in 0..2_000u64 {
+            let other = ident("acme", &format!("r{i}"));
+            acquire(&mut q, 10 + i, &other, &res(&[("cpu", 1)]));
+            q.release(JobId(10 + i));
+            let held: usize = q.interned.values().map(BTreeMap::len).sum();
+            assert_eq!(held, q.charges);
+            assert!(q.charges <= super::IDLE_CHARGES, "{} charges", q.charges);
+        }
+        assert_eq!(q.holds().count(), 0);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 
+use super::terminals::TerminalMemory;
 use super::{LeaseState, Mill, MillWrite};
 use crate::job::{Terminal, TerminalStatus};
 use crate::types::{Epoch, LeaseId, NodeId, Seqno};
@@ -126,11 +127,7 @@ impl Mill {
 /// with a sorted list of the batch's terminals; only a batch that has one pays for the set
 /// of leases ended so far. Either way the checks run in event order and the first failure
 /// is reported.
-fn check_batch(
-    cursor: Seqno,
-    events: &[Event],
-    terminated: &BTreeSet<LeaseId>,
-) -> Result<(), String> {
+fn check_batch(cursor: Seqno, events: &[Event], terminated: &TerminalMemory) -> Result<(), String> {
     check_events(
         cursor,
         events,
@@ -169,7 +166,7 @@ fn may_repeat_a_terminal(cursor: Seqno, events: &[Event]) -> bool {
 fn check_events(
     cursor: Seqno,
     events: &[Event],
-    terminated: &BTreeSet<LeaseId>,
+    terminated: &TerminalMemory,
     track_ended: bool,
 ) -> Result<(), String> {
     let mut prev: Option<Seqno> = None;
@@ -193,7 +190,7 @@ fn check_events(
             ));
         }
         expected = expected.next();
-        if terminated.contains(&e.lease) || ended_here.contains(&e.lease) {
+        if terminated.contains(e.lease) || ended_here.contains(&e.lease) {
             return Err(format!(
                 "event {} for lease {} after its terminal (M22)",
                 e.seqno, e.lease

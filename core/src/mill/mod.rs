@@ -18,6 +18,7 @@ mod placement;
 mod restart;
 mod session;
 mod store;
+mod terminals;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -679,8 +680,7 @@ impl Mill {
 
     /// Releases a job's quota (Q3, idempotent) and turns grants into re-bids (Q2, M15).
     fn release_quota(&mut self, job: JobId, durable: bool) {
-        let held = self.quota.is_held(job);
-        let granted = self.quota.release(job);
+        let (held, granted) = self.quota.release_reporting(job);
         if held && durable {
             self.persist(MillWrite::QuotaRelease { job });
         }

@@ -1,8 +1,9 @@
 //! Executor sessions: hello (M1, M2), readiness (M3), disconnect and grace (M4–M6), snapshots
 //! and reconcile (M7, M8), silence (M9), violations and quarantine (M28).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
+use super::terminals::TerminalMemory;
 use super::{
     constant_time_eq, reason, CancelPhase, Conn, Mill, MillOutput, MillWrite, Observation,
     RarePath, RequestError, Timer,
@@ -36,8 +37,7 @@ pub(super) struct Session {
     /// Seats the mill holds on this node per engine: asks in flight, strays and leases.
     pub(super) held: BTreeMap<String, u32>,
     /// Leases whose terminal this node's stream delivered (M22), bounded FIFO.
-    pub(super) terminated: BTreeSet<LeaseId>,
-    pub(super) terminated_order: VecDeque<LeaseId>,
+    pub(super) terminated: TerminalMemory,
 }
 
 impl Session {
@@ -54,8 +54,7 @@ impl Session {
             recovery_since: None,
             pending_cancels: BTreeMap::new(),
             held: BTreeMap::new(),
-            terminated: BTreeSet::new(),
-            terminated_order: VecDeque::new(),
+            terminated: TerminalMemory::default(),
         }
     }
 
@@ -70,19 +69,11 @@ impl Session {
     /// Makes room to remember up to `more` terminals (at most `bound` in all) without
     /// growing the queue once per event.
     pub(super) fn reserve_terminals(&mut self, more: usize, bound: usize) {
-        let room = bound.saturating_sub(self.terminated_order.len());
-        self.terminated_order.reserve(more.min(room));
+        self.terminated.reserve(more, bound);
     }
 
     pub(super) fn remember_terminal(&mut self, lease: LeaseId, bound: usize) {
-        if self.terminated.insert(lease) {
-            self.terminated_order.push_back(lease);
-            while self.terminated_order.len() > bound {
-                if let Some(old) = self.terminated_order.pop_front() {
-                    self.terminated.remove(&old);
-                }
-            }
-        }
+        self.terminated.remember(lease, bound);
     }
 }
 
