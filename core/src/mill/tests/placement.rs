@@ -62,6 +62,82 @@ fn m11_rank_by_worst_load_then_sum_then_node_id() {
     assert_eq!(out.len(), 3);
 }
 
+/// M11: the per-label sets give exactly what filtering the engine's whole ranking would,
+/// through upserts that change loads, labels and engines, and removals (a deterministic
+/// pseudo-random model check).
+#[test]
+fn m11_label_constrained_top_matches_a_filter_of_the_whole_ranking() {
+    let mut idx = RankIndex::default();
+    // What the index should hold: node -> (labels, engine -> loads).
+    type Entry = (BTreeSet<String>, Vec<(String, f64)>);
+    let mut model: BTreeMap<String, Entry> = BTreeMap::new();
+    let pool = ["gpu", "linux", "arm", "big"];
+    let engines = ["shell", "docker"];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for step in 0..3_000 {
+        let name = format!("n{:02}", next(40));
+        if next(10) == 0 {
+            idx.remove(&node(&name));
+            model.remove(&name);
+        } else {
+            let labels: BTreeSet<String> = pool
+                .iter()
+                .filter(|_| next(3) == 0)
+                .map(|l| l.to_string())
+                .collect();
+            let mut keys = Vec::new();
+            let mut loads = Vec::new();
+            for e in engines {
+                if next(3) != 0 {
+                    let load = next(8) as f64 / 8.0;
+                    keys.push((e.to_string(), RankKey::new(node(&name), [load].iter())));
+                    loads.push((e.to_string(), load));
+                }
+            }
+            idx.upsert(&node(&name), &labels, keys);
+            if loads.is_empty() {
+                model.remove(&name);
+            } else {
+                model.insert(name, (labels, loads));
+            }
+        }
+        if step % 10 != 0 {
+            continue;
+        }
+        for e in engines {
+            let want_labels: BTreeSet<String> = pool
+                .iter()
+                .filter(|_| next(4) == 0)
+                .map(|l| l.to_string())
+                .collect();
+            let mut expected: Vec<(RankKey, NodeId)> = model
+                .iter()
+                .filter(|(_, (labels, _))| want_labels.is_subset(labels))
+                .filter_map(|(n, (_, loads))| {
+                    loads
+                        .iter()
+                        .find(|(engine, _)| engine == e)
+                        .map(|(_, l)| (RankKey::new(node(n), [*l].iter()), node(n)))
+                })
+                .collect();
+            expected.sort();
+            let expected: Vec<NodeId> = expected.into_iter().map(|(_, n)| n).take(5).collect();
+            let mut got = Vec::new();
+            idx.top(e, &want_labels, 5, &mut got);
+            assert_eq!(
+                got, expected,
+                "step {step}, engine {e}, labels {want_labels:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn m11_candidates_hold_the_engine_and_every_label() {
     let mut h = H::new();
