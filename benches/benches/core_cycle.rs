@@ -32,18 +32,7 @@ fn event_application(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("batch_of_1000_terminals", |b| {
         b.iter_batched(
-            || {
-                let mut fleet = benches::Fleet::new(1, 2_000);
-                let mut leases = Vec::new();
-                let mut conn = None;
-                for _ in 0..1_000 {
-                    let (c, l) = fleet.place_one();
-                    conn = Some(c);
-                    leases.push(l);
-                }
-                fleet.consume(); // the setup's last outputs are not the batch's
-                (fleet, conn, leases)
-            },
+            || benches::Fleet::running(1_000),
             |(mut fleet, conn, leases)| {
                 if let Some(conn) = conn {
                     fleet.finish(conn, &leases);

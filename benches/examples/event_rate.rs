@@ -12,15 +12,7 @@ fn main() {
         .unwrap_or(40);
     let mut secs = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let mut fleet = benches::Fleet::new(1, 2_000);
-        let mut leases = Vec::new();
-        let mut conn = None;
-        for _ in 0..1_000 {
-            let (c, l) = fleet.place_one();
-            conn = Some(c);
-            leases.push(l);
-        }
-        fleet.consume();
+        let (mut fleet, conn, leases) = benches::Fleet::running(1_000);
         let Some(conn) = conn else {
             return;
         };

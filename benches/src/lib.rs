@@ -175,16 +175,7 @@ impl Fleet {
             .collect();
         let mut commit = None;
         for (conn, lease) in asks {
-            self.msg(
-                conn,
-                ToMill::ReserveResult {
-                    lease,
-                    accepted: true,
-                    reject: None,
-                    reason: String::new(),
-                    resources: Resources::from([("jobs".to_string(), 1)]),
-                },
-            );
+            self.msg(conn, accept(lease));
             for (c, m) in self.sends() {
                 if let ToExecutor::CommitLease { lease, .. } = m {
                     commit = Some((c, lease));
@@ -204,6 +195,22 @@ impl Fleet {
         (conn, lease)
     }
 
+    /// A fleet of one executor with 2,000 seats running `jobs` placed jobs, the setup's
+    /// outputs consumed: what the event-application benches feed one batch of terminals.
+    /// Returns the executor's connection (`None` when `jobs` is 0) and the leases.
+    pub fn running(jobs: usize) -> (Fleet, Option<ConnId>, Vec<LeaseId>) {
+        let mut fleet = Fleet::new(1, 2_000);
+        let mut leases = Vec::with_capacity(jobs);
+        let mut conn = None;
+        for _ in 0..jobs {
+            let (c, l) = fleet.place_one();
+            conn = Some(c);
+            leases.push(l);
+        }
+        fleet.consume();
+        (fleet, conn, leases)
+    }
+
     /// Applies one batch of terminal events from `conn` for `leases` and consumes the
     /// outputs (one `Persist` with every write of the batch, the job updates, the ack).
     pub fn finish(&mut self, conn: ConnId, leases: &[LeaseId]) {
@@ -212,16 +219,7 @@ impl Fleet {
             .iter()
             .map(|lease| {
                 *next += 1;
-                Event {
-                    seqno: Seqno(*next),
-                    lease: *lease,
-                    kind: EventKind::Terminal {
-                        status: TerminalStatus::Success,
-                        exit_code: Some(0),
-                        error: None,
-                        log: None,
-                    },
-                }
+                success(Seqno(*next), *lease)
             })
             .collect();
         self.msg(
@@ -237,5 +235,30 @@ impl Fleet {
     /// Moves the clock (no deadlines are due in these benches' windows).
     pub fn advance(&mut self, d: Duration) {
         self.now = self.now.plus(d);
+    }
+}
+
+/// The executor's acceptance of `lease`, charging one `jobs` unit (M14).
+pub fn accept(lease: LeaseId) -> ToMill {
+    ToMill::ReserveResult {
+        lease,
+        accepted: true,
+        reject: None,
+        reason: String::new(),
+        resources: Resources::from([("jobs".to_string(), 1)]),
+    }
+}
+
+/// A successful terminal event `seqno` for `lease`.
+pub fn success(seqno: Seqno, lease: LeaseId) -> Event {
+    Event {
+        seqno,
+        lease,
+        kind: EventKind::Terminal {
+            status: TerminalStatus::Success,
+            exit_code: Some(0),
+            error: None,
+            log: None,
+        },
     }
 }

@@ -17,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use millrace_core::executor::EngineConfig;
-use millrace_core::job::{Identity, JobSpec};
+use millrace_core::job::JobSpec;
 use millrace_core::quota::QuotaConfig;
 use millrace_core::Resources;
 
@@ -26,7 +26,7 @@ use crate::latency::{mean, quantile};
 use crate::rng::{Purpose, Rng};
 use crate::scenario::{scenario, Micros, Scenario, MS, SEC};
 use crate::trace::Trace;
-use crate::workload::{Arrival, ExecSpec, Workload};
+use crate::workload::{plain_spec, Arrival, ExecSpec, Workload};
 
 /// Exact per-job durations, looked up by the job index in the spec's payload.
 #[derive(Debug, Clone)]
@@ -241,15 +241,8 @@ fn fleet(n: usize) -> Vec<ExecSpec> {
 
 fn job(k: usize) -> JobSpec {
     JobSpec {
-        engine: "shell".into(),
-        labels: BTreeSet::new(),
-        resources: Resources::new(),
-        identity: Identity {
-            owner: "o0".into(),
-            repo: "o0/r0".into(),
-        },
-        timeout: None,
         payload: (k as u64).to_le_bytes().to_vec(),
+        ..plain_spec()
     }
 }
 

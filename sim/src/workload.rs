@@ -292,7 +292,8 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) 
     }
 }
 
-fn plain_spec() -> JobSpec {
+/// A job any shell seat can run: no labels, no resources, owner `o0`, empty payload.
+pub(crate) fn plain_spec() -> JobSpec {
     JobSpec {
         engine: "shell".into(),
         labels: BTreeSet::new(),

@@ -18,10 +18,9 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use millrace_core::job::TerminalStatus;
 use millrace_core::mill::{MillInput, MillOutput, Observation};
-use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Resources, Seqno};
-use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill};
+use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Seqno};
+use millrace_core::wire::{ToExecutor, ToMill};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -166,16 +165,7 @@ fn core_in_process(
                 conn,
                 ToMill::EventBatch {
                     epoch: Epoch(1),
-                    events: vec![Event {
-                        seqno: Seqno(*seq),
-                        lease,
-                        kind: EventKind::Terminal {
-                            status: TerminalStatus::Success,
-                            exit_code: Some(0),
-                            error: None,
-                            log: None,
-                        },
-                    }],
+                    events: vec![benches::success(Seqno(*seq), lease)],
                 },
             ));
         }
@@ -214,16 +204,7 @@ fn core_in_process(
                         if let Some(k) = job_of.get(&job) {
                             lease_job.insert(lease, *k);
                         }
-                        queue.push_back(In::Msg(
-                            conn,
-                            ToMill::ReserveResult {
-                                lease,
-                                accepted: true,
-                                reject: None,
-                                reason: String::new(),
-                                resources: Resources::from([("jobs".to_string(), 1)]),
-                            },
-                        ));
+                        queue.push_back(In::Msg(conn, benches::accept(lease)));
                     }
                     ToExecutor::CommitLease { lease, .. } => {
                         queue.push_back(In::Msg(
