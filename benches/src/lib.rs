@@ -112,6 +112,7 @@ impl Fleet {
                     seqno: 1,
                     engines,
                     active_leases: Vec::new(),
+                    outbox_high: Seqno(0),
                 },
             );
         }

@@ -458,6 +458,7 @@ mod tests {
                 seqno: 300,
                 engines,
                 active_leases: vec![LeaseId(1), LeaseId(u64::MAX)],
+                outbox_high: Seqno(u64::MAX),
             },
             ToMill::ReserveResult {
                 lease: LeaseId(9),

@@ -104,8 +104,13 @@ pub enum ToMill {
         seqno: u64,
         /// Per engine.
         engines: BTreeMap<String, EngineStatus>,
-        /// Every lease the executor holds, reserved or running.
+        /// Every lease the executor holds, reserved or running. At most the executor's
+        /// seats, so never more than [`MAX_ACTIVE_LEASES`]; never truncated.
         active_leases: Vec<LeaseId>,
+        /// The last seqno this executor has assigned in its epoch (0: none). The mill judges
+        /// (M8) a lease the snapshot does not report only once it has applied every event
+        /// up to here, so a result still in flight is never mistaken for a lost job.
+        outbox_high: Seqno,
     },
     /// Answer to `ReserveSeat`.
     ReserveResult {

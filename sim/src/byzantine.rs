@@ -204,6 +204,7 @@ impl Byzantine {
                     seqno,
                     engines,
                     active_leases,
+                    outbox_high,
                 },
             ) => {
                 self.snapshots += 1;
@@ -211,6 +212,7 @@ impl Byzantine {
                     seqno: if self.snapshots > 1 { 1 } else { seqno },
                     engines,
                     active_leases,
+                    outbox_high,
                 };
                 if self.snapshots > 1 {
                     Ok(vec![msg])

@@ -61,11 +61,16 @@ pub enum Path {
     /// An executor crashed while its link to the mill was blocked and its outbox held a
     /// terminal result the mill had not acknowledged (E5, E6, E9).
     CrashWithResultsBehindCut,
+    /// A restarted mill restored published, uncommitted leases and kept them unclaimed
+    /// (M29 as revised).
+    RestartWithPublishedLeases,
+    /// A reconciling snapshot waited for events still in flight (`outbox_high`, M8).
+    ReconcileAwaitedEvents,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 24] = [
+    pub const ALL: [Path; 26] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -90,6 +95,8 @@ impl Path {
         Path::FlappingReconnects,
         Path::LabelConstrainedPlacement,
         Path::CrashWithResultsBehindCut,
+        Path::RestartWithPublishedLeases,
+        Path::ReconcileAwaitedEvents,
     ];
 
     /// The paths issue 4 names; the coverage test requires each to be reached.
@@ -131,6 +138,8 @@ impl Path {
             Path::FlappingReconnects => "flapping executor (5 connects in 2 min)",
             Path::LabelConstrainedPlacement => "label-constrained placement",
             Path::CrashWithResultsBehindCut => "executor crash with unacked results behind a cut",
+            Path::RestartWithPublishedLeases => "mill restart with published, uncommitted leases",
+            Path::ReconcileAwaitedEvents => "reconcile waited for events in flight",
         }
     }
 
@@ -161,6 +170,8 @@ impl Path {
             Path::FlappingReconnects => "flapping-reconnects",
             Path::LabelConstrainedPlacement => "label-constrained-placement",
             Path::CrashWithResultsBehindCut => "crash-with-results-behind-cut",
+            Path::RestartWithPublishedLeases => "restart-with-published-leases",
+            Path::ReconcileAwaitedEvents => "reconcile-awaited-events",
         }
     }
 
@@ -182,6 +193,8 @@ pub fn rare_name(p: RarePath) -> &'static str {
         RarePath::TeardownDeadline => "teardown-deadline",
         RarePath::ReconcileFailedLease => "reconcile-failed-lease",
         RarePath::OldEpochLeaseFailed => "old-epoch-lease-failed",
+        RarePath::RestartWithPublishedLeases => "restart-with-published-leases",
+        RarePath::ReconcileAwaitedEvents => "reconcile-awaited-events",
     }
 }
 
@@ -197,6 +210,8 @@ pub fn from_rare(p: RarePath) -> Option<Path> {
         RarePath::TeardownDeadline => Path::TeardownDeadline,
         RarePath::ReconcileFailedLease => Path::ReconcileFailedLease,
         RarePath::OldEpochLeaseFailed => Path::OldEpochLeaseFailed,
+        RarePath::RestartWithPublishedLeases => Path::RestartWithPublishedLeases,
+        RarePath::ReconcileAwaitedEvents => Path::ReconcileAwaitedEvents,
     })
 }
 

@@ -178,8 +178,9 @@ pub fn to_mill(s: &mut String, m: &ToMill) {
             seqno,
             engines,
             active_leases,
+            outbox_high,
         } => {
-            let _ = write!(s, "Snapshot #{seqno} [");
+            let _ = write!(s, "Snapshot #{seqno} high={outbox_high} [");
             for (name, e) in engines {
                 let _ = write!(
                     s,

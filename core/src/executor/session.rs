@@ -318,6 +318,7 @@ impl Executor {
                 seqno,
                 engines,
                 active_leases,
+                outbox_high: self.durable.last_seqno(),
             },
         );
     }
@@ -349,24 +350,25 @@ impl Executor {
         }
     }
 
-    /// Leases the mill should consider held here: reserved and running seats, then leases
-    /// whose events are still in the outbox. The latter matter on reconnect, where the
-    /// snapshot precedes the resend (E6): a job that finished while disconnected must not be
-    /// failed as "no longer has the job" (M8) just before its real terminal arrives (I3).
+    /// Leases held here: reserved and running seats. Leases whose only trace is an unacked
+    /// event are not listed: the snapshot's `outbox_high` tells the mill to judge nothing
+    /// before it has applied those events (M8), so a job that finished while disconnected
+    /// is never failed as "no longer has the job" just before its terminal arrives (I3).
+    /// At most the configured seats, which `ExecutorConfig::validate` bounds by
+    /// `MAX_ACTIVE_LEASES`: the list is never truncated.
     pub(super) fn active_leases(&self) -> Vec<LeaseId> {
-        let mut leases: BTreeSet<_> = self
+        let leases: BTreeSet<_> = self
             .seats
             .reserved
             .keys()
             .chain(self.seats.running.keys())
             .copied()
             .collect();
-        for event in &self.durable.outbox {
-            if leases.len() >= MAX_ACTIVE_LEASES {
-                break;
-            }
-            leases.insert(event.lease);
-        }
+        debug_assert!(
+            leases.len() <= MAX_ACTIVE_LEASES,
+            "{} leases held, more than the seats allow",
+            leases.len()
+        );
         leases.into_iter().collect()
     }
 }

@@ -68,6 +68,9 @@ impl Mill {
         if applied_any {
             self.extend_grace(node);
         }
+        if up_to > cursor {
+            self.reconcile_if_caught_up(node);
+        }
         // M20, M23: acked after the persist, replays included.
         self.send(conn, ToExecutor::Ack { epoch, up_to });
     }

@@ -209,6 +209,10 @@ pub enum RarePath {
     CommitResent,
     /// The mill restarted holding running leases (M29).
     RestartWithRunningLeases,
+    /// The mill restarted holding published, not yet committed leases (M29 as revised).
+    RestartWithPublishedLeases,
+    /// A reconciling snapshot waited for events still in flight (`outbox_high`, M8).
+    ReconcileAwaitedEvents,
     /// A re-bid after a quota wait charged different resources (M15).
     QuotaRebidChangedResources,
     /// A job waited for quota (M15).

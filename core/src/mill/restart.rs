@@ -1,9 +1,13 @@
 //! Restart from the durable store (M29, M30).
 //!
-//! Restored running leases wait for their nodes with a grace that starts now, and are claimed
-//! or failed by reconcile (M8) or grace expiry (M5). Reserved-not-committed leases are dropped
-//! and their jobs queued again. Queued jobs are placed again. Job timeouts count again from
-//! now, since `Time` does not survive a restart.
+//! Restored leases wait for their nodes with a grace that starts now, and are claimed or
+//! ended by reconcile (M8) or grace expiry (M5). That holds for published (Reserved) leases
+//! too (M29 as revised): a durable Reserved lease was published (M16), so its `CommitLease`
+//! may have reached the executor and the job may be running. It is kept as unclaimed: if
+//! the node's snapshot reports it, the commit is sent again (E4 makes a repeat harmless);
+//! if not, it is released and its job queued again; at grace expiry it fails like a running
+//! lease. Dropping it would queue a job that may already run (I1). Queued jobs are placed
+//! again. Job timeouts count again from now, since `Time` does not survive a restart.
 
 use super::{Job, Lease, LeaseState, Mill, MillSnapshot, MillWrite, Observation, Phase, RarePath};
 use crate::job::JobState;
@@ -19,18 +23,22 @@ impl Mill {
         self.quarantined = snap.quarantined;
 
         let mut running = 0usize;
+        let mut published = 0usize;
         let mut restored_holds = Vec::new();
         for (id, record) in snap.leases {
-            let job_running = snap
-                .jobs
-                .get(&record.job)
-                .is_some_and(|j| matches!(j.state, JobState::Running { lease, .. } if lease == id));
-            let keep = record.state == LeaseState::Running && job_running;
-            if !keep {
+            // The job's state names the lease it was last leased under: the lease of record.
+            let job_holds = snap.jobs.get(&record.job).is_some_and(|j| match j.state {
+                JobState::Running { lease, .. } | JobState::Reserved { lease, .. } => lease == id,
+                _ => false,
+            });
+            if !job_holds {
                 self.persist(MillWrite::LeaseDelete { lease: id });
                 continue;
             }
-            running += 1;
+            match record.state {
+                LeaseState::Running => running += 1,
+                LeaseState::Reserved => published += 1,
+            }
             if let Some((identity, charge)) = snap.quota_holds.get(&record.job) {
                 restored_holds.push((record.job, identity.clone(), charge.clone()));
             }
@@ -48,8 +56,9 @@ impl Mill {
                     node: record.node,
                     epoch: record.epoch,
                     resources: record.resources,
-                    state: LeaseState::Running,
+                    state: record.state,
                     commit_sent: None,
+                    // Published before the crash: a commit may be out (M29).
                     commit_out: true,
                     cancel: None,
                 },
@@ -69,7 +78,11 @@ impl Mill {
                 .plus(record.spec.timeout.unwrap_or(self.config.job_timeout));
             self.arm(deadline, super::Timer::JobTimeout(id));
             let lease = match record.state {
-                JobState::Running { lease, .. } if self.leases.contains_key(&lease) => Some(lease),
+                JobState::Running { lease, .. } | JobState::Reserved { lease, .. }
+                    if self.leases.contains_key(&lease) =>
+                {
+                    Some(lease)
+                }
                 _ => None,
             };
             let requeued = lease.is_none() && record.state != JobState::Queued;
@@ -116,6 +129,9 @@ impl Mill {
         }
         if running > 0 {
             self.observe(Observation::Rare(RarePath::RestartWithRunningLeases));
+        }
+        if published > 0 {
+            self.observe(Observation::Rare(RarePath::RestartWithPublishedLeases));
         }
         self.wake_placement();
     }

@@ -9,7 +9,7 @@ use super::{
     RarePath, RequestError, Timer,
 };
 use crate::job::{Terminal, TerminalStatus};
-use crate::types::{ConnId, Epoch, LeaseId, NodeId, Time};
+use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
 
 /// What the mill knows of one executor. Lives from its first Hello until grace expires
@@ -26,6 +26,10 @@ pub(super) struct Session {
     pub(super) snapshot: Option<(u64, BTreeMap<String, EngineStatus>)>,
     /// The first snapshot of this connection was reconciled (M8).
     pub(super) reconciled: bool,
+    /// The first snapshot of this connection, waiting for the events it announced: the
+    /// leases it reported and its `outbox_high`. Reconcile runs once the cursor reaches
+    /// that mark (M8, DESIGN §3), so a result in flight is never judged lost.
+    pub(super) awaiting_events: Option<(BTreeSet<LeaseId>, Seqno)>,
     /// Grace deadline while recovering (M4–M6), or while leases of an older epoch wait.
     pub(super) grace: Option<Time>,
     /// When the current recovery began (the disconnect, or the mill's restart): M6 may
@@ -50,6 +54,7 @@ impl Session {
             last_heard: now,
             snapshot: None,
             reconciled: false,
+            awaiting_events: None,
             grace: None,
             recovery_since: None,
             pending_cancels: BTreeMap::new(),
@@ -179,7 +184,8 @@ impl Mill {
                 seqno,
                 engines,
                 active_leases,
-            } => self.on_snapshot(&node, seqno, engines, active_leases),
+                outbox_high,
+            } => self.on_snapshot(&node, seqno, engines, active_leases, outbox_high),
             ToMill::ReserveResult {
                 lease,
                 accepted,
@@ -337,6 +343,7 @@ impl Mill {
             self.conns.remove(&conn);
         }
         s.reconciled = false;
+        s.awaiting_events = None;
         s.snapshot = None;
         let pending: Vec<LeaseId> = std::mem::take(&mut s.pending_cancels).into_keys().collect();
         if s.grace.is_none() {
@@ -509,13 +516,14 @@ impl Mill {
     }
 
     /// M7, M8, M10 wake-up: a snapshot updates capacity; the first one of a connection
-    /// reconciles the node's leases.
+    /// reconciles the node's leases, once every event it announced has been applied.
     fn on_snapshot(
         &mut self,
         node: &NodeId,
         seqno: u64,
         engines: BTreeMap<String, EngineStatus>,
         active: Vec<crate::types::LeaseId>,
+        outbox_high: Seqno,
     ) {
         if engines.len() > wire::MAX_ENGINES || active.len() > wire::MAX_ACTIVE_LEASES {
             return self.violation(node, "snapshot exceeds the engine or lease bound");
@@ -540,11 +548,41 @@ impl Mill {
             }
         }
         s.snapshot = Some((seqno, engines));
-        if !s.reconciled {
-            self.reconcile(node, active.into_iter().collect());
+        if !s.reconciled && s.awaiting_events.is_none() {
+            let epoch = s.epoch;
+            // A mark at or below the cursor (an honest executor never sends one below: it
+            // refuses a Welcome whose cursor passes its last event) leaves nothing in flight.
+            if outbox_high > self.cursor(node, epoch) {
+                if let Some(s) = self.sessions.get_mut(node) {
+                    s.awaiting_events = Some((active.into_iter().collect(), outbox_high));
+                }
+                self.observe(Observation::Rare(RarePath::ReconcileAwaitedEvents));
+            } else {
+                self.reconcile(node, active.into_iter().collect());
+            }
         }
         self.reindex(node);
         self.wake_placement();
+    }
+
+    /// M8: the events a reconciling snapshot announced have all been applied: judge now.
+    pub(super) fn reconcile_if_caught_up(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.get(node) else {
+            return;
+        };
+        let Some((_, high)) = &s.awaiting_events else {
+            return;
+        };
+        if self.cursor(node, s.epoch) < *high {
+            return;
+        }
+        let reported = self
+            .sessions
+            .get_mut(node)
+            .and_then(|s| s.awaiting_events.take());
+        if let Some((reported, _)) = reported {
+            self.reconcile(node, reported);
+        }
     }
 
     /// M8: settle the node's leases of this epoch against what it reports.

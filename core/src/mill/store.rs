@@ -17,7 +17,8 @@ use crate::types::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 /// Where a durable lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseState {
-    /// Published (M16): the seat is held and the commit is on its way. Dropped at restart (M29).
+    /// Published (M16): the seat is held and the commit is on its way. Kept at restart as
+    /// unclaimed, since the commit may have reached the executor (M29).
     Reserved,
     /// Committed (M17): the executor runs the job.
     Running,

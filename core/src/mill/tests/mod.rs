@@ -221,6 +221,17 @@ impl H {
         engines: BTreeMap<String, EngineStatus>,
         active: &[LeaseId],
     ) {
+        self.snapshot_marked(conn, engines, active, 0);
+    }
+
+    /// A snapshot announcing events up to `outbox_high` (DESIGN §3).
+    pub fn snapshot_marked(
+        &mut self,
+        conn: ConnId,
+        engines: BTreeMap<String, EngineStatus>,
+        active: &[LeaseId],
+        outbox_high: u64,
+    ) {
         let seq = self.snap_seq.entry(conn).or_insert(0);
         *seq += 1;
         let seqno = *seq;
@@ -230,6 +241,7 @@ impl H {
                 seqno,
                 engines,
                 active_leases: active.to_vec(),
+                outbox_high: Seqno(outbox_high),
             },
         );
     }

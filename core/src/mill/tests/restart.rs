@@ -2,36 +2,100 @@
 
 use super::*;
 
-#[test]
-fn m29_restart_restores_running_leases_requeues_reserved_and_queued_jobs() {
-    let mut h = H::new();
+/// A running lease, a published (Reserved, commit out) one and a queued job, then a restart.
+fn restart_with_running_and_published(h: &mut H) -> (JobId, LeaseId, JobId, LeaseId) {
     let a = h.ready("a", 0.0);
     let (running, lease) = h.run_on(a, spec());
     let reserved = h.submit(spec());
     let l2 = h.asks(a)[0];
     h.accept(a, l2, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(a), vec![l2], "published and committing");
+    h.restart();
+    (running, lease, reserved, l2)
+}
+
+#[test]
+fn m29_restart_keeps_running_and_published_leases_unclaimed() {
+    let mut h = H::new();
     let mut s = spec();
     s.engine = "docker".into();
-    let queued = h.submit(s);
-
-    h.restart();
+    let (running, lease, reserved, l2) = restart_with_running_and_published(&mut h);
     assert!(h.rare(RarePath::RestartWithRunningLeases));
-    assert!(h.writes().contains(&MillWrite::LeaseDelete { lease: l2 }));
+    assert!(h.rare(RarePath::RestartWithPublishedLeases));
+    assert!(!h.writes().contains(&MillWrite::LeaseDelete { lease: l2 }));
+    let queued = h.submit(s);
     assert!(
         matches!(h.mill.job_state(running), Some(JobState::Running { lease: l, .. }) if l == lease)
     );
-    assert_eq!(h.mill.job_state(reserved), Some(JobState::Queued));
+    assert!(
+        matches!(h.mill.job_state(reserved), Some(JobState::Reserved { lease: l, .. }) if l == l2),
+        "a published lease survives the restart (M29): {:?}",
+        h.mill.job_state(reserved)
+    );
     assert_eq!(h.mill.job_state(queued), Some(JobState::Queued));
 
-    // The node comes back, reports its running lease: it is claimed, and its result lands.
+    // The node comes back and reports both: both are claimed, the commit goes out again
+    // (idempotent at the executor, E4), and nothing is placed twice.
     let a2 = h.hello_as("a", 1, &[]);
-    h.snapshot(a2, 0.0, &[lease]);
-    assert_eq!(h.asks(a2).len(), 1, "the re-queued job is placed again");
+    h.snapshot(a2, 0.0, &[lease, l2]);
+    assert_eq!(
+        h.commits(a2),
+        vec![l2],
+        "the commit is re-sent on the claim"
+    );
+    assert!(h.asks(a2).is_empty(), "no job was re-queued: {:?}", h.out);
+    h.msg(
+        a2,
+        ToMill::CommitResult {
+            lease: l2,
+            committed: true,
+        },
+    );
+    assert!(
+        matches!(h.mill.job_state(reserved), Some(JobState::Running { lease: l, .. }) if l == l2)
+    );
     h.events(a2, 1, vec![(1, lease, terminal(TerminalStatus::Success))]);
     assert_eq!(
         h.terminal_of(running).unwrap().status,
         TerminalStatus::Success
     );
+}
+
+#[test]
+fn m29_restart_releases_a_published_lease_its_node_does_not_report() {
+    let mut h = H::new();
+    let (running, lease, reserved, l2) = restart_with_running_and_published(&mut h);
+    let a2 = h.hello_as("a", 1, &[]);
+    // The commit never reached the executor (or its reservation expired): nothing ran.
+    h.snapshot(a2, 0.0, &[lease]);
+    assert!(h.writes().contains(&MillWrite::LeaseDelete { lease: l2 }));
+    assert!(h.commits(a2).is_empty());
+    let asks = h.asks(a2);
+    assert_eq!(
+        asks.len(),
+        1,
+        "the released job is placed again: {:?}",
+        h.out
+    );
+    assert_ne!(asks[0], l2, "a fresh lease id (M30)");
+    assert!(h.terminal_of(reserved).is_none());
+    assert!(h.terminal_of(running).is_none());
+}
+
+#[test]
+fn m29_a_published_lease_fails_at_grace_expiry_like_a_running_one() {
+    let mut h = H::new();
+    let (running, _, reserved, _) = restart_with_running_and_published(&mut h);
+    h.advance(44 * SEC);
+    assert!(h.terminal_of(reserved).is_none());
+    h.advance(2 * SEC);
+    for job in [running, reserved] {
+        assert_eq!(
+            h.terminal_of(job).unwrap().error.as_deref(),
+            Some("executor lost"),
+            "its job may have run: it is not queued again (M29, I1)"
+        );
+    }
 }
 
 #[test]
@@ -63,10 +127,15 @@ fn m29_quota_holds_survive_with_their_leases_only() {
     let reserved = h.submit(spec());
     let l2 = h.asks(a)[0];
     h.accept(a, l2, charge(&[("jobs", 1)]));
+    let queued = h.submit(spec());
     h.restart();
     assert!(h.mill.quota().is_held(running));
-    assert!(!h.mill.quota().is_held(reserved));
-    assert!(h
+    assert!(
+        h.mill.quota().is_held(reserved),
+        "a published lease keeps its hold"
+    );
+    assert!(!h.mill.quota().is_held(queued));
+    assert!(!h
         .writes()
         .contains(&MillWrite::QuotaRelease { job: reserved }));
 }

@@ -218,6 +218,7 @@ fn m7_snapshot_seqno_regression_is_a_violation() {
             seqno: 1,
             engines: engines(true, 0.1),
             active_leases: vec![],
+            outbox_high: Seqno(0),
         },
     );
     assert!(h.violations()[0].contains("M7"));
@@ -259,6 +260,67 @@ fn m8_reconcile_claims_reported_fails_missing_running_and_releases_missing_reser
 }
 
 #[test]
+fn m8_reconcile_waits_for_the_events_up_to_outbox_high() {
+    // The job finished while the link was down; the executor no longer holds its seat,
+    // and its terminal (seqno 1) is resent after the snapshot (E6). Judging the lease on
+    // the snapshot alone would fail a job whose result is in flight (I3).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 1);
+    assert!(h.rare(RarePath::ReconcileAwaitedEvents));
+    assert!(h.terminal_of(job).is_none(), "judged before its events");
+    let other = h.submit(spec());
+    assert!(h.asks(again).is_empty(), "not ready before reconcile (M3)");
+    h.events(
+        again,
+        1,
+        vec![(1, lease, terminal(TerminalStatus::Success))],
+    );
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Success);
+    assert_eq!(h.asks(again).len(), 1, "{other} is placed once reconciled");
+}
+
+#[test]
+fn m8_a_lease_missing_once_outbox_high_is_applied_is_failed() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 2);
+    h.events(again, 1, vec![(1, lease, EventKind::Running)]);
+    assert!(h.terminal_of(job).is_none(), "seqno 2 is still in flight");
+    h.events(
+        again,
+        1,
+        vec![(2, LeaseId(lease.0 + 77), EventKind::Running)],
+    );
+    assert_eq!(
+        h.terminal_of(job).unwrap().error.as_deref(),
+        Some("executor no longer has the job")
+    );
+}
+
+#[test]
+fn m8_an_outbox_high_at_or_below_the_cursor_reconciles_at_once() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.events(conn, 1, vec![(1, lease, EventKind::Running)]);
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 1);
+    assert!(!h.rare(RarePath::ReconcileAwaitedEvents));
+    assert_eq!(
+        h.terminal_of(job).unwrap().error.as_deref(),
+        Some("executor no longer has the job")
+    );
+}
+
+#[test]
 fn m8_reported_unknown_lease_gets_an_untracked_cancel_and_no_ack_closes_the_session() {
     let mut h = H::new();
     let conn = h.hello_as("a", 1, &[]);
@@ -273,6 +335,7 @@ fn m8_reported_unknown_lease_gets_an_untracked_cancel_and_no_ack_closes_the_sess
             seqno: 2,
             engines: engines(true, 0.1),
             active_leases: vec![],
+            outbox_high: Seqno(0),
         },
     );
     h.advance(11 * SEC);
