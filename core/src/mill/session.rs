@@ -441,15 +441,15 @@ impl Mill {
                 if l.epoch == epoch {
                     continue;
                 }
-                let state = l.state;
+                let may_have_run = l.state == super::LeaseState::Running || l.commit_out;
                 self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
-                match state {
-                    super::LeaseState::Running => {
-                        self.fail_lease(id, "executor lost (its store was replaced)".into())
-                    }
-                    // Never committed: nothing of it can have run past the old process's
-                    // self-fencing, so it is placed again.
-                    super::LeaseState::Reserved => self.end_lease(id, None),
+                if may_have_run {
+                    // A commit went out to the old process: the job may have run there, so
+                    // it is not placed again (M29, I1: one start per attempt).
+                    self.fail_lease(id, "executor lost (its store was replaced)".into());
+                } else {
+                    // No commit ever left: nothing of it ran, so it is placed again.
+                    self.end_lease(id, None);
                 }
             }
             if let Some(s) = self.sessions.get_mut(&node) {

@@ -478,3 +478,65 @@ fn m5_a_node_back_with_a_wiped_store_takes_work_and_its_old_leases_fail_after_gr
         Some(JobState::Running { .. })
     ));
 }
+
+#[test]
+fn m29_a_published_lease_of_a_replaced_store_fails_rather_than_runs_again() {
+    // The commit went out to the old process, which may have started the job: when the
+    // node comes back wiped and grace ends, the job fails like a running one (M29, I1).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let job = h.submit(spec());
+    let lease = h.asks(conn)[0];
+    h.accept(conn, lease, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(conn), vec![lease]);
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(5 * SEC);
+    let wiped = h.hello_as("a", 2, &[]);
+    h.snapshot(wiped, 0.1, &[]);
+    h.keep_alive(wiped, 41 * SEC, &[]);
+    let t = h.terminal_of(job).expect("failed once grace ran out");
+    assert!(t.error.unwrap().starts_with("executor lost"));
+    assert!(
+        h.asks(wiped).is_empty(),
+        "the job is not placed a second time"
+    );
+}
+
+#[test]
+fn m5_a_lease_of_a_replaced_store_whose_commit_never_left_is_placed_again() {
+    // A pending cancel (M27) holds the commit back when the bid is won; the node then
+    // drops and returns wiped. Nothing of the job can have run: it is placed again.
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (first, l1) = h.run_on(conn, spec());
+    let job = h.submit(spec());
+    let lease = h.asks(conn)[0];
+    h.input(MillInput::Cancel {
+        job: first,
+        reason: "user".into(),
+    })
+    .unwrap();
+    h.accept(conn, lease, charge(&[("jobs", 1)]));
+    assert!(
+        h.commits(conn).is_empty(),
+        "the commit waits for the cancel's ack"
+    );
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(5 * SEC);
+    let wiped = h.hello_as("a", 2, &[]);
+    h.snapshot(wiped, 0.1, &[]);
+    // The cancel goes out again; the new process knows no such lease and acks it (E7).
+    assert_eq!(h.cancels(wiped), vec![l1]);
+    h.msg(wiped, ToMill::CancelAck { lease: l1 });
+    let mut asked = Vec::new();
+    for _ in 0..9 {
+        h.keep_alive(wiped, 5 * SEC, &[]);
+        asked.extend(h.asks(wiped));
+    }
+    assert!(h.terminal_of(job).is_none(), "{:?}", h.terminal_of(job));
+    assert!(
+        !asked.is_empty(),
+        "the job is placed again after grace: {:?}",
+        h.mill.job_state(job)
+    );
+}
