@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use millrace_core::job::{Identity, JobSpec, TerminalStatus};
-use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput, Reply};
+use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput};
 use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Resources, Seqno, Time};
 use millrace_core::wire::{EngineStatus, Event, EventKind, ToExecutor, ToMill, PROTOCOL_VERSION};
 
@@ -119,15 +119,23 @@ impl Fleet {
         f
     }
 
-    fn input(&mut self, input: MillInput) -> Option<JobId> {
-        let r = must(self.mill.handle(self.now, input), "input");
+    fn input(&mut self, input: MillInput) {
+        self.mill.handle(self.now, input);
+        self.collect();
+    }
+
+    /// Submits the benches' job spec; panics if the mill refuses it.
+    pub fn submit(&mut self) -> JobId {
+        let job = must(self.mill.submit(self.now, job_spec(), 0), "submit");
+        self.collect();
+        job
+    }
+
+    /// Drops the last step's outputs and collects this step's.
+    fn collect(&mut self) {
         self.consume();
         while let Some(o) = self.mill.poll_output() {
             self.out.push(o);
-        }
-        match r {
-            Reply::Submitted(j) => Some(j),
-            Reply::Done => None,
         }
     }
 
@@ -162,10 +170,7 @@ impl Fleet {
     /// One full placement cycle: submit → reserve K → every ask accepted → losers released
     /// → commit → committed (running). Returns the running lease and its node's connection.
     pub fn place_one(&mut self) -> (ConnId, LeaseId) {
-        self.input(MillInput::Submit {
-            spec: job_spec(),
-            submitted_at_ms: 0,
-        });
+        self.submit();
         let asks: Vec<(ConnId, LeaseId)> = self
             .sends()
             .into_iter()

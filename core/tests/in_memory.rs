@@ -11,7 +11,7 @@ use millrace_core::executor::{
     EngineConfig, Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot,
 };
 use millrace_core::job::{Identity, JobSpec, JobState, LogRef, TerminalStatus};
-use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput, MillSnapshot, Reply};
+use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput, MillSnapshot};
 use millrace_core::quota::{QuotaConfig, Scope};
 use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Time};
 use millrace_core::wire::{ToExecutor, ToMill};
@@ -135,14 +135,8 @@ impl World {
     }
 
     fn submit(&mut self, spec: JobSpec) -> JobId {
-        let r = self.mill.handle(
-            self.now,
-            MillInput::Submit {
-                spec,
-                submitted_at_ms: 0,
-            },
-        );
-        let Ok(Reply::Submitted(job)) = r else {
+        let r = self.mill.submit(self.now, spec, 0);
+        let Ok(job) = r else {
             panic!("submit refused: {r:?}");
         };
         self.drain();
@@ -151,13 +145,7 @@ impl World {
 
     fn cancel(&mut self, job: JobId) {
         self.mill
-            .handle(
-                self.now,
-                MillInput::Cancel {
-                    job,
-                    reason: "user cancel".into(),
-                },
-            )
+            .cancel(self.now, job, "user cancel".into())
             .unwrap();
         self.drain();
     }
@@ -220,9 +208,7 @@ impl World {
                 let conn = ConnId(self.next_conn);
                 self.next_conn += 1;
                 self.nodes[i].conn = Some(conn);
-                self.mill
-                    .handle(self.now, MillInput::Connected { conn })
-                    .unwrap();
+                self.mill.handle(self.now, MillInput::Connected { conn });
                 self.exec_input(i, ExecutorInput::Connected { conn });
             }
             ExecutorOutput::Send { conn, msg } => {
@@ -272,9 +258,7 @@ impl World {
         if let Some(w) = self.wire.pop_front() {
             match w {
                 Wire::ToMill(conn, msg) => {
-                    self.mill
-                        .handle(self.now, MillInput::Message { conn, msg })
-                        .unwrap();
+                    self.mill.handle(self.now, MillInput::Message { conn, msg });
                 }
                 Wire::ToExec(i, conn, msg) => {
                     if self.nodes[i].conn == Some(conn) {
@@ -282,9 +266,7 @@ impl World {
                     }
                 }
                 Wire::MillClosed(conn) => {
-                    self.mill
-                        .handle(self.now, MillInput::Disconnected { conn })
-                        .unwrap();
+                    self.mill.handle(self.now, MillInput::Disconnected { conn });
                 }
                 Wire::ExecClosed(i, conn) => {
                     if self.nodes[i].conn == Some(conn) {
@@ -343,7 +325,7 @@ impl World {
                 );
             }
         }
-        self.mill.handle(self.now, MillInput::Tick).unwrap();
+        self.mill.handle(self.now, MillInput::Tick);
         for i in 0..self.nodes.len() {
             self.exec_input(i, ExecutorInput::Tick);
         }

@@ -8,9 +8,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use millrace_core::job::{JobSpec, JobState};
-use millrace_core::mill::{
-    Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError,
-};
+use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
 use millrace_core::wire::ToExecutor;
 use millrace_core::{ConnId, JobId, NodeId};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -332,7 +330,7 @@ impl Driver {
             }
             let now = self.clock.now();
             if self.mill.next_deadline().is_some_and(|d| d <= now) {
-                let _ = self.mill.handle(now, MillInput::Tick);
+                self.mill.handle(now, MillInput::Tick);
                 self.drain();
             }
             self.flush()?;
@@ -358,38 +356,28 @@ impl Driver {
         match cmd {
             MillCmd::Connected { conn, tx } => {
                 self.conns.insert(conn, tx);
-                let _ = self.mill.handle(now, MillInput::Connected { conn });
+                self.mill.handle(now, MillInput::Connected { conn });
             }
             MillCmd::Net(input) => {
                 if let MillInput::Disconnected { conn } = &input {
                     self.conns.remove(conn);
                 }
-                let _ = self.mill.handle(now, input);
+                self.mill.handle(now, input);
             }
             MillCmd::Submit { spec, reply } => {
-                let r = self.mill.handle(
-                    now,
-                    MillInput::Submit {
-                        spec,
-                        submitted_at_ms: wall_ms(),
-                    },
-                );
-                let r = r.map(|reply| match reply {
-                    Reply::Submitted(job) => job,
-                    Reply::Done => JobId(0),
-                });
+                let r = self.mill.submit(now, spec, wall_ms());
                 if r.is_ok() {
                     self.metrics.submitted += 1;
                 }
                 self.deferred.push(Deferred::Submit(reply, r));
             }
             MillCmd::Cancel { job, reason, reply } => {
-                let r = self.mill.handle(now, MillInput::Cancel { job, reason });
-                self.deferred.push(Deferred::Done(reply, r.map(|_| ())));
+                let r = self.mill.cancel(now, job, reason);
+                self.deferred.push(Deferred::Done(reply, r));
             }
             MillCmd::Lift { node, reply } => {
-                let r = self.mill.handle(now, MillInput::LiftQuarantine { node });
-                self.deferred.push(Deferred::Done(reply, r.map(|_| ())));
+                let r = self.mill.lift_quarantine(now, node);
+                self.deferred.push(Deferred::Done(reply, r));
             }
             MillCmd::Nodes { reply } => {
                 let _ = reply.send(self.nodes());

@@ -12,13 +12,11 @@ use millrace_core::codec;
 use millrace_core::executor::{
     Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot,
 };
-use millrace_core::job::{LogRef, TerminalStatus};
-use millrace_core::mill::{
-    Mill, MillInput, MillOutput, MillWrite, Observation, Reply, RequestError,
-};
+use millrace_core::job::{JobSpec, LogRef, TerminalStatus};
+use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::JobState;
-use millrace_core::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
+use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno, Time};
 
 use crate::byzantine::{ByzCtx, Byzantine};
 use crate::checkers::{Bounds, Checker, EventSummary, StepCtx, StepKind, Violation};
@@ -442,10 +440,7 @@ impl Sim {
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     watch::user_cancel(&self.w, job, &mut self.cov);
-                    let _ = self.mill_input(MillInput::Cancel {
-                        job,
-                        reason: "cancelled by its user".into(),
-                    });
+                    let _ = self.mill_cancel(job, "cancelled by its user".into());
                 }
             }
             Ev::Fault(k) => {
@@ -517,17 +512,47 @@ impl Sim {
     // ---- the mill ------------------------------------------------------------------------
 
     /// Feeds the mill one input; `self.ctx` says what it was (reset to `Other` after).
-    fn mill_input(&mut self, input: MillInput) -> Option<Result<Reply, RequestError>> {
+    /// False if the mill is down.
+    fn mill_input(&mut self, input: MillInput) -> bool {
+        let traced = |s: &mut String| trace::mill_input(s, &input);
+        let line = self.trace.enabled().then(|| line_of(traced));
+        self.mill_step(line, |mill, now| mill.handle(now, input))
+            .is_some()
+    }
+
+    /// A client's submit, through [`Mill::submit`]; `None` if the mill is down.
+    fn mill_submit(&mut self, spec: JobSpec, at_ms: u64) -> Option<Result<JobId, RequestError>> {
+        let line = self
+            .trace
+            .enabled()
+            .then(|| line_of(|s| trace::mill_submit(s, &spec)));
+        self.mill_step(line, |mill, now| mill.submit(now, spec, at_ms))
+    }
+
+    /// A user's cancel, through [`Mill::cancel`]; `None` if the mill is down.
+    fn mill_cancel(&mut self, job: JobId, reason: String) -> Option<Result<(), RequestError>> {
+        let line = self
+            .trace
+            .enabled()
+            .then(|| line_of(|s| trace::mill_cancel(s, job)));
+        self.mill_step(line, |mill, now| mill.cancel(now, job, reason))
+    }
+
+    /// One step of the mill: traces `line`, calls `f`, then acts on the outputs.
+    fn mill_step<R>(
+        &mut self,
+        line: Option<String>,
+        f: impl FnOnce(&mut Mill, Time) -> R,
+    ) -> Option<R> {
         let now = self.w.now;
         let Some(mill) = self.w.mill.as_mut() else {
             self.ctx.kind = StepKind::Other;
             return None;
         };
-        if self.trace.enabled() {
-            self.trace
-                .line(now, "mill", |s| trace::mill_input(s, &input));
+        if let Some(line) = line {
+            self.trace.line(now, "mill", |s| s.push_str(&line));
         }
-        let reply = mill.handle(t(now), input);
+        let reply = f(mill, t(now));
         self.stats.mill_steps += 1;
         self.after_mill_step();
         self.ctx.kind = StepKind::Other;
@@ -1834,12 +1859,9 @@ impl Sim {
         }
         match arrival {
             Arrival::Job { spec, cancel_after } => {
-                let r = self.mill_input(MillInput::Submit {
-                    spec,
-                    submitted_at_ms: now / MS,
-                });
+                let r = self.mill_submit(spec, now / MS);
                 match r {
-                    Some(Ok(Reply::Submitted(job))) => {
+                    Some(Ok(job)) => {
                         if self.c.inserted(job) {
                             self.times.submitted(job, now);
                             self.w.arrivals_done += 1;
@@ -1855,13 +1877,6 @@ impl Sim {
                             // reached the client, which tries again.
                             self.at(now + SEC, Ev::Arrive(k));
                         }
-                    }
-                    Some(Ok(Reply::Done)) => {
-                        self.w.arrivals_done += 1;
-                        self.violate(Violation {
-                            rule: "I2",
-                            message: "Submit answered Done instead of a job id".into(),
-                        });
                     }
                     Some(Err(RequestError::TooManyPending { .. })) => {
                         self.w.arrivals_done += 1;
@@ -1886,10 +1901,7 @@ impl Sim {
             }
             Arrival::Invalid { spec, what } => {
                 self.w.arrivals_done += 1;
-                let r = self.mill_input(MillInput::Submit {
-                    spec,
-                    submitted_at_ms: now / MS,
-                });
+                let r = self.mill_submit(spec, now / MS);
                 let refused = matches!(r, Some(Err(RequestError::Spec(_))));
                 if !refused || self.step_outputs > 0 {
                     self.violate(Violation {
@@ -1944,4 +1956,11 @@ fn crash_point(rng: &mut Rng, n: usize, starts_with_persist: bool) -> usize {
     } else {
         rng.index(n + 1)
     }
+}
+
+/// Renders one trace line with `f`.
+fn line_of(f: impl FnOnce(&mut String)) -> String {
+    let mut s = String::new();
+    f(&mut s);
+    s
 }

@@ -10,9 +10,10 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use millrace_core::executor::{ExecutorInput, ExecutorOutput, ExecutorWrite};
-use millrace_core::job::{JobState, Terminal};
+use millrace_core::job::{JobSpec, JobState, Terminal};
 use millrace_core::mill::{MillInput, MillOutput, MillWrite, Observation};
 use millrace_core::wire::{EventKind, ToExecutor, ToMill};
+use millrace_core::JobId;
 use sha2::{Digest, Sha256};
 
 use crate::scenario::{Micros, MS, SEC};
@@ -285,25 +286,26 @@ pub fn mill_input(s: &mut String, i: &MillInput) {
         MillInput::Disconnected { conn } => {
             let _ = write!(s, "< disconnected {conn}");
         }
-        MillInput::Submit { spec, .. } => {
-            let _ = write!(
-                s,
-                "< submit {} labels={} res={} owner={}",
-                spec.engine,
-                spec.labels.len(),
-                spec.resources.len(),
-                spec.identity.owner
-            );
-        }
-        MillInput::Cancel { job, .. } => {
-            let _ = write!(s, "< cancel {job}");
-        }
-        MillInput::LiftQuarantine { node } => {
-            let _ = write!(s, "< lift {node}");
-        }
         MillInput::Tick => s.push_str("< tick"),
         _ => s.push_str("< (an input this simulator does not know)"),
     }
+}
+
+/// Summarises a client's submit.
+pub fn mill_submit(s: &mut String, spec: &JobSpec) {
+    let _ = write!(
+        s,
+        "< submit {} labels={} res={} owner={}",
+        spec.engine,
+        spec.labels.len(),
+        spec.resources.len(),
+        spec.identity.owner
+    );
+}
+
+/// Summarises a user's cancel.
+pub fn mill_cancel(s: &mut String, job: JobId) {
+    let _ = write!(s, "< cancel {job}");
 }
 
 fn mill_write(s: &mut String, w: &MillWrite) {

@@ -171,30 +171,27 @@ fn core_in_process(
         }
         let mill_now = base.plus(now);
         let due = fleet.mill.next_deadline().is_some_and(|d| d <= mill_now);
-        let (input, submitting) = if due {
-            (MillInput::Tick, None)
+        if due {
+            fleet.mill.handle(mill_now, MillInput::Tick);
         } else {
             match queue.pop_front() {
                 None => {
                     std::hint::spin_loop();
                     continue;
                 }
-                Some(In::Submit(k)) => (
-                    MillInput::Submit {
-                        spec: benches::job_spec(),
-                        submitted_at_ms: 0,
-                    },
-                    Some(k),
-                ),
-                Some(In::Msg(conn, msg)) => (MillInput::Message { conn, msg }, None),
+                Some(In::Submit(k)) => {
+                    let job = fleet
+                        .mill
+                        .submit(mill_now, benches::job_spec(), 0)
+                        .map_err(|e| format!("mill refused a submit: {e}"))?;
+                    job_of.insert(job, k);
+                }
+                Some(In::Msg(conn, msg)) => {
+                    fleet
+                        .mill
+                        .handle(mill_now, MillInput::Message { conn, msg });
+                }
             }
-        };
-        let reply = fleet
-            .mill
-            .handle(mill_now, input)
-            .map_err(|e| format!("mill refused an input: {e}"))?;
-        if let (Some(k), millrace_core::mill::Reply::Submitted(job)) = (submitting, reply) {
-            job_of.insert(job, k);
         }
         let end = started.elapsed();
         while let Some(o) = fleet.mill.poll_output() {

@@ -9,7 +9,7 @@ use super::RequestError;
 
 impl Mill {
     /// A client cancels a job (M26).
-    pub(super) fn cancel(&mut self, job: JobId, why: String) -> Result<(), RequestError> {
+    pub(super) fn cancel_job(&mut self, job: JobId, why: String) -> Result<(), RequestError> {
         if !self.jobs.contains_key(&job) {
             return Err(RequestError::JobNotActive { job });
         }

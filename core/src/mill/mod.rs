@@ -64,36 +64,8 @@ pub enum MillInput {
         /// The connection.
         conn: ConnId,
     },
-    /// A client submits a job.
-    Submit {
-        /// The job.
-        spec: JobSpec,
-        /// Wall-clock time for people (ms since the Unix epoch); never used for deadlines.
-        submitted_at_ms: u64,
-    },
-    /// A client cancels a job.
-    Cancel {
-        /// The job.
-        job: JobId,
-        /// Why, for the record.
-        reason: String,
-    },
-    /// An operator lifts a node's quarantine (M28).
-    LiftQuarantine {
-        /// The node.
-        node: NodeId,
-    },
     /// Time passed; deadlines at or before `now` fire.
     Tick,
-}
-
-/// The answer to an input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    /// Handled; effects are in the outputs.
-    Done,
-    /// The job was accepted under this id.
-    Submitted(JobId),
 }
 
 /// A client request the mill refused; nothing was stored.
@@ -397,37 +369,55 @@ impl Mill {
         Ok(mill)
     }
 
-    /// Feeds one input. Client requests get a typed refusal; network input never fails here
-    /// (bad input becomes a violation output instead).
-    pub fn handle(&mut self, now: Time, input: MillInput) -> Result<Reply, RequestError> {
+    /// Feeds one network or time input. Bad network input never fails here: it becomes a
+    /// violation output instead. Client commands are methods with their own typed results
+    /// ([`Mill::submit`], [`Mill::cancel`], [`Mill::lift_quarantine`]).
+    pub fn handle(&mut self, now: Time, input: MillInput) {
+        self.begin_step(now);
+        match input {
+            MillInput::Connected { conn } => self.on_connected(conn),
+            MillInput::Message { conn, msg } => self.on_message(conn, msg),
+            MillInput::Disconnected { conn } => self.on_disconnected(conn),
+            MillInput::Tick => self.on_tick(),
+        }
+        self.finish_step();
+    }
+
+    /// A client submits a job (M10). `submitted_at_ms` is wall-clock time for people (ms
+    /// since the Unix epoch), never used for deadlines. A refusal stores nothing and emits
+    /// nothing; on success the outputs carry the durable insert, then the job's update.
+    pub fn submit(
+        &mut self,
+        now: Time,
+        spec: JobSpec,
+        submitted_at_ms: u64,
+    ) -> Result<JobId, RequestError> {
+        self.begin_step(now);
+        let result = self.enqueue(spec, submitted_at_ms);
+        self.finish_step();
+        result
+    }
+
+    /// A client cancels a job (M26); `reason` is kept for the record.
+    pub fn cancel(&mut self, now: Time, job: JobId, reason: String) -> Result<(), RequestError> {
+        self.begin_step(now);
+        let result = self.cancel_job(job, reason);
+        self.finish_step();
+        result
+    }
+
+    /// An operator lifts a node's quarantine (M28).
+    pub fn lift_quarantine(&mut self, now: Time, node: NodeId) -> Result<(), RequestError> {
+        self.begin_step(now);
+        let result = self.lift(node);
+        self.finish_step();
+        result
+    }
+
+    fn begin_step(&mut self, now: Time) {
         self.now = self.now.max(now);
         self.step_start = self.out.len();
-        let reply = match input {
-            MillInput::Connected { conn } => {
-                self.on_connected(conn);
-                Ok(Reply::Done)
-            }
-            MillInput::Message { conn, msg } => {
-                self.on_message(conn, msg);
-                Ok(Reply::Done)
-            }
-            MillInput::Disconnected { conn } => {
-                self.on_disconnected(conn);
-                Ok(Reply::Done)
-            }
-            MillInput::Submit {
-                spec,
-                submitted_at_ms,
-            } => self.submit(spec, submitted_at_ms).map(Reply::Submitted),
-            MillInput::Cancel { job, reason } => self.cancel(job, reason).map(|()| Reply::Done),
-            MillInput::LiftQuarantine { node } => self.lift_quarantine(node).map(|()| Reply::Done),
-            MillInput::Tick => {
-                self.on_tick();
-                Ok(Reply::Done)
-            }
-        };
-        self.finish_step();
-        reply
+        debug_assert!(self.writes.is_empty(), "a step began with unflushed writes");
     }
 
     /// The next output, in order. Drain until `None` after every `handle`.
@@ -580,7 +570,7 @@ impl Mill {
 
     // ---- jobs ---------------------------------------------------------------------------------
 
-    fn submit(&mut self, spec: JobSpec, submitted_at_ms: u64) -> Result<JobId, RequestError> {
+    fn enqueue(&mut self, spec: JobSpec, submitted_at_ms: u64) -> Result<JobId, RequestError> {
         spec.validate()?;
         let pending = self.pending();
         if pending >= self.config.max_pending {

@@ -774,7 +774,7 @@ impl Mill {
         self.wake_placement();
     }
 
-    pub(super) fn lift_quarantine(&mut self, node: NodeId) -> Result<(), RequestError> {
+    pub(super) fn lift(&mut self, node: NodeId) -> Result<(), RequestError> {
         if !self.quarantined.remove(&node) {
             return Err(RequestError::NotQuarantined { node });
         }

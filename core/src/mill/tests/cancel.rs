@@ -3,11 +3,7 @@
 use super::*;
 
 fn cancel(h: &mut H, job: JobId) {
-    h.input(MillInput::Cancel {
-        job,
-        reason: "user".into(),
-    })
-    .unwrap();
+    h.cancel_req(job, "user".into()).unwrap();
 }
 
 #[test]
@@ -47,10 +43,7 @@ fn m26_cancel_of_a_queued_job_ends_it_cancelled() {
         TerminalStatus::Cancelled
     );
     assert_eq!(
-        h.input(MillInput::Cancel {
-            job,
-            reason: String::new()
-        }),
+        h.cancel_req(job, String::new()),
         Err(RequestError::JobNotActive { job })
     );
 }

@@ -120,11 +120,7 @@ fn m21_a_terminal_for_a_lease_the_mill_already_ended_is_skipped() {
     let mut h = H::new();
     let a = h.ready("a", 0.0);
     let (job, lease) = h.run_on(a, spec());
-    h.input(MillInput::Cancel {
-        job,
-        reason: "stop".into(),
-    })
-    .unwrap();
+    h.cancel_req(job, "stop".into()).unwrap();
     h.msg(a, ToMill::CancelAck { lease });
     h.advance(601 * SEC); // teardown deadline: the mill ends it
     let _ = h.terminal_of(job).unwrap();

@@ -149,8 +149,28 @@ impl H {
         }
     }
 
-    pub fn input(&mut self, input: MillInput) -> Result<Reply, RequestError> {
-        let r = self.mill.handle(self.now, input);
+    /// Feeds a network or time input (it cannot be refused: `Ok` always, so tests read
+    /// alike whatever the input).
+    pub fn input(&mut self, input: MillInput) -> Result<(), RequestError> {
+        self.mill.handle(self.now, input);
+        self.drain();
+        Ok(())
+    }
+
+    pub fn submit_req(&mut self, spec: JobSpec) -> Result<JobId, RequestError> {
+        let r = self.mill.submit(self.now, spec, 0);
+        self.drain();
+        r
+    }
+
+    pub fn cancel_req(&mut self, job: JobId, reason: String) -> Result<(), RequestError> {
+        let r = self.mill.cancel(self.now, job, reason);
+        self.drain();
+        r
+    }
+
+    pub fn lift_req(&mut self, node: NodeId) -> Result<(), RequestError> {
+        let r = self.mill.lift_quarantine(self.now, node);
         self.drain();
         r
     }
@@ -254,11 +274,8 @@ impl H {
     }
 
     pub fn submit(&mut self, spec: JobSpec) -> JobId {
-        match self.input(MillInput::Submit {
-            spec,
-            submitted_at_ms: 0,
-        }) {
-            Ok(Reply::Submitted(j)) => j,
+        match self.submit_req(spec) {
+            Ok(j) => j,
             other => panic!("submit: {other:?}"),
         }
     }

@@ -11,10 +11,7 @@ fn m10_submit_beyond_max_pending_is_refused_and_nothing_is_stored() {
     });
     h.submit(spec());
     h.submit(spec());
-    let r = h.input(MillInput::Submit {
-        spec: spec(),
-        submitted_at_ms: 0,
-    });
+    let r = h.submit_req(spec());
     assert_eq!(r, Err(RequestError::TooManyPending { pending: 2, max: 2 }));
     assert!(h.out.is_empty(), "nothing stored or sent");
     assert_eq!(h.store.jobs.len(), 2);
@@ -25,10 +22,7 @@ fn m10_invalid_spec_is_refused_naming_the_field() {
     let mut h = H::new();
     let mut s = spec();
     s.engine = String::new();
-    let r = h.input(MillInput::Submit {
-        spec: s,
-        submitted_at_ms: 0,
-    });
+    let r = h.submit_req(s);
     match r {
         Err(RequestError::Spec(e)) => assert_eq!(e.field(), "engine"),
         other => panic!("{other:?}"),

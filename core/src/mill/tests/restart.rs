@@ -188,11 +188,7 @@ fn m30_lease_ids_never_repeat_across_restarts() {
 fn m30_job_ids_never_repeat_across_restarts() {
     let mut h = H::new();
     let j1 = h.submit(spec());
-    h.input(MillInput::Cancel {
-        job: j1,
-        reason: String::new(),
-    })
-    .unwrap();
+    h.cancel_req(j1, String::new()).unwrap();
     h.restart();
     let j2 = h.submit(spec());
     assert!(j2 > j1);
@@ -217,11 +213,7 @@ fn script() -> Vec<MillOutput> {
             }
         }
     }
-    h.input(MillInput::Cancel {
-        job: jobs[0],
-        reason: "x".into(),
-    })
-    .unwrap();
+    h.cancel_req(jobs[0], "x".into()).unwrap();
     h.input(MillInput::Disconnected { conn: a }).unwrap();
     h.advance(60 * SEC);
     h.all

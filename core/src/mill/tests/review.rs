@@ -8,11 +8,7 @@ use std::collections::VecDeque;
 use crate::quota::QuotaConfig;
 
 fn cancel(h: &mut H, job: JobId) {
-    h.input(MillInput::Cancel {
-        job,
-        reason: "user".into(),
-    })
-    .unwrap();
+    h.cancel_req(job, "user".into()).unwrap();
 }
 
 /// A connected executor offering only `engine`, with one snapshot (so it is ready).
@@ -790,23 +786,17 @@ impl Chaos {
             self.h.advance(d);
         } else if roll < 93 {
             let s = self.spec();
-            if let Ok(Reply::Submitted(job)) = self.h.input(MillInput::Submit {
-                spec: s,
-                submitted_at_ms: 0,
-            }) {
+            if let Ok(job) = self.h.submit_req(s) {
                 self.submitted.push(job);
             }
         } else if roll < 96 {
             if let Some(job) = self.rng.pick(&self.submitted) {
-                let _ = self.h.input(MillInput::Cancel {
-                    job,
-                    reason: String::new(),
-                });
+                let _ = self.h.cancel_req(job, String::new());
             }
         } else if roll < 98 {
             let quarantined: Vec<NodeId> = self.h.mill.quarantined().iter().cloned().collect();
             if let Some(n) = self.rng.pick(&quarantined) {
-                self.h.input(MillInput::LiftQuarantine { node: n }).unwrap();
+                self.h.lift_req(n).unwrap();
             }
         } else if roll < 99 && self.rng.chance(20) {
             // The mill restarts: every connection is gone with it.

@@ -177,11 +177,7 @@ fn m5_grace_expiry_with_a_pending_cancel_ends_cancelled() {
     let conn = h.ready("a", 0.1);
     let (job, _) = h.run_on(conn, spec());
     h.input(MillInput::Disconnected { conn }).unwrap();
-    h.input(MillInput::Cancel {
-        job,
-        reason: "user said stop".into(),
-    })
-    .unwrap();
+    h.cancel_req(job, "user said stop".into()).unwrap();
     h.advance(46 * SEC);
     let t = h.terminal_of(job).unwrap();
     assert_eq!(t.status, TerminalStatus::Cancelled);
@@ -424,11 +420,10 @@ fn m28_lifting_quarantine_lets_the_node_back() {
     h.events(c, 2, vec![]);
     assert!(h.mill.quarantined().contains(&node("a")));
     assert_eq!(
-        h.input(MillInput::LiftQuarantine { node: node("b") }),
+        h.lift_req(node("b")),
         Err(RequestError::NotQuarantined { node: node("b") })
     );
-    h.input(MillInput::LiftQuarantine { node: node("a") })
-        .unwrap();
+    h.lift_req(node("a")).unwrap();
     assert!(h.writes().contains(&MillWrite::Quarantine {
         node: node("a"),
         quarantined: false
@@ -511,11 +506,7 @@ fn m5_a_lease_of_a_replaced_store_whose_commit_never_left_is_placed_again() {
     let (first, l1) = h.run_on(conn, spec());
     let job = h.submit(spec());
     let lease = h.asks(conn)[0];
-    h.input(MillInput::Cancel {
-        job: first,
-        reason: "user".into(),
-    })
-    .unwrap();
+    h.cancel_req(first, "user".into()).unwrap();
     h.accept(conn, lease, charge(&[("jobs", 1)]));
     assert!(
         h.commits(conn).is_empty(),
