@@ -15,7 +15,9 @@ Reads the rule list from docs/design.md (lines `- **M12** ...`; a rule whose id 
 - the ids of each family run 1..n without a gap or a repeat.
 
 Prints a table of rule -> tests (and checker sites) and exits 1 listing every gap.
-Standard library only; no network. Run from anywhere: `python3 ci/rules.py`.
+Standard library only; no network. Run from anywhere: `python3 ci/rules.py`;
+`--self-test` runs it on a small tree seeded with one of each defect and fails unless it
+reports exactly those.
 """
 
 import os
@@ -242,5 +244,77 @@ def main():
     return 0
 
 
+SELF_TEST_DESIGN = """\
+- **M1** a rule with a test
+- **M2** a rule whose test is ignored
+- **M3** *planned (issue 9)* a planned rule that already has a test
+- **E1** a rule with no test
+- **Q2** a family with a gap
+- **I1** an invariant with a checker
+- **I2** an invariant whose only report is in test code
+- **I3** a whole-run invariant with a test
+"""
+
+SELF_TEST_FILES = {
+    "core/src/a.rs": "#[test]\nfn m1_ok() {}\n#[test]\n#[ignore]\nfn m2_slow() {}\n"
+    "#[test]\n/// doc\nfn m3_early() {}\n// cites M9\n",
+    "sim/src/c.rs": 'fn f() -> R { fail(\n "I1",\n m) }\n#[cfg(test)]\nmod t {\n'
+    '    const S: &str = "}";\n    fn g() { let _ = Violation { rule: "I2", message: m }; }\n}\n',
+    "sim/tests/d.rs": "#[test]\nfn i3_same_seed_same_trace() {}\n",
+}
+
+SELF_TEST_EXPECTED = [
+    "Q rules have gaps: Q1",
+    "M2 has no test named for it",
+    "M3 is marked planned (issue 9)",
+    "E1 has no test named for it",
+    "Q2 has no test named for it",
+    "I2 has no checker",
+    "cites M9, which",
+]
+
+
+def self_test():
+    """The check fails where it should: run it on a small tree with one of each defect."""
+    import contextlib
+    import io
+    import tempfile
+
+    global ROOT
+    saved = ROOT
+    with tempfile.TemporaryDirectory() as tmp:
+        files = dict(SELF_TEST_FILES)
+        files[DESIGN] = SELF_TEST_DESIGN
+        for path, text in files.items():
+            full = os.path.join(tmp, path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(text)
+        ROOT = tmp
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main()
+        finally:
+            ROOT = saved
+    report = err.getvalue()
+    problems = [f"expected a failure containing {e!r}" for e in SELF_TEST_EXPECTED if e not in report]
+    reported = report.count("\n  - ")
+    if rc != 1 or problems or reported != len(SELF_TEST_EXPECTED):
+        print(out.getvalue() + report, file=sys.stderr)
+        for p in problems:
+            print(f"rules.py self-test: {p}", file=sys.stderr)
+        print(f"rules.py self-test FAILED (exit {rc}, {reported} failures reported, "
+              f"{len(SELF_TEST_EXPECTED)} expected)", file=sys.stderr)
+        return 1
+    print(f"rules.py self-test ok: {reported} seeded defects reported")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(self_test())
+    if sys.argv[1:]:
+        print("usage: python3 ci/rules.py [--self-test]", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())
