@@ -11,7 +11,7 @@
 //! effect fails to compile in each driver until it is handled (the openraft habit). Input
 //! enums, which drivers only construct, are `#[non_exhaustive]`.
 //!
-//! See DESIGN.md for the rules (M…, E…, Q…) that the modules cite.
+//! See docs/design.md for the rules (M…, E…, Q…, I…) that the modules cite.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
