@@ -348,9 +348,11 @@ impl Driver {
             // The step's group commit, then its sends: a shutdown waits for both.
             self.flush()?;
         }
-        drop(rx);
         self.flush()?;
+        // `rx` stays open until the writers are done: a reader whose delivery failed would
+        // end its connection and abort the writer with the last sends still queued.
         self.close_connections().await;
+        drop(rx);
         let path = self.store.path().display().to_string();
         self.store.close()?;
         tracing::info!(store = %path, "mill store closed");
