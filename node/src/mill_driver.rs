@@ -552,11 +552,20 @@ impl Driver {
                 let Some(tx) = self.conns.get(&conn) else {
                     return;
                 };
-                if tx.try_send(ConnOut::Send(msg)).is_err() {
-                    // A peer this far behind is cut off; its task reports Disconnected.
-                    tracing::warn!(%conn, "send queue full; closing the connection");
-                    self.metrics.send_overflows += 1;
-                    self.conns.remove(&conn);
+                match tx.try_send(ConnOut::Send(msg)) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        // A peer this far behind is cut off; its task reports Disconnected.
+                        tracing::warn!(%conn, "send queue full; closing the connection");
+                        self.metrics.send_overflows += 1;
+                        self.conns.remove(&conn);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        // The connection already ended (its `Disconnected` is on the way):
+                        // not an overflow, nothing for an operator to act on.
+                        tracing::debug!(%conn, "send to a connection that already ended");
+                        self.conns.remove(&conn);
+                    }
                 }
             }
             MillOutput::Close { conn, reason } => {
@@ -653,19 +662,41 @@ mod tests {
     /// (the Welcome that followed the Hello reaches the connection before its Close) — and
     /// only then is the store closed, by the driver's own thread. Nothing queued after
     /// `Shutdown` is taken.
-    #[test]
-    fn shutdown_finishes_the_step_in_flight_then_closes_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = MillStore::open(dir.path()).unwrap();
+    type Thread = std::thread::JoinHandle<Result<(), DriverError>>;
+
+    /// A driver on a fresh store in `dir`, and a runtime to talk to it from the test.
+    fn driver(dir: &std::path::Path) -> (MillHandle, Thread, tokio::runtime::Runtime) {
+        let store = MillStore::open(dir).unwrap();
         let clock = Clock::start();
         let mill = Mill::new(MillConfig::default(), None, clock.now()).unwrap();
         let (events, _) = broadcast::channel(16);
-        let (logs, _logs_rx) = mpsc::channel(16);
+        let (logs, _) = mpsc::channel(16);
         let (handle, thread) = spawn(mill, store, clock, events, logs, BTreeMap::new()).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap();
+        (handle, thread, rt)
+    }
+
+    fn hello(conn: ConnId) -> MillCmd {
+        MillCmd::Net(MillInput::Message {
+            conn,
+            msg: ToMill::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: "x1".into(),
+                epoch: Epoch(7),
+                token: String::new(),
+                labels: Vec::new(),
+                engines: vec!["shell".into()],
+            },
+        })
+    }
+
+    #[test]
+    fn shutdown_finishes_the_step_in_flight_then_closes_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, thread, rt) = driver(dir.path());
         let conn = ConnId(1);
         let (conn_tx, mut conn_rx) = mpsc::channel(16);
         let (first, late) = rt.block_on(async {
@@ -673,17 +704,7 @@ mod tests {
             tx.send(MillCmd::Connected { conn, tx: conn_tx })
                 .await
                 .unwrap();
-            let hello = ToMill::Hello {
-                protocol_version: PROTOCOL_VERSION,
-                node_id: "x1".into(),
-                epoch: Epoch(7),
-                token: String::new(),
-                labels: Vec::new(),
-                engines: vec!["shell".into()],
-            };
-            tx.send(MillCmd::Net(MillInput::Message { conn, msg: hello }))
-                .await
-                .unwrap();
+            tx.send(hello(conn)).await.unwrap();
             let (first_tx, first_rx) = oneshot::channel();
             tx.send(MillCmd::Submit {
                 spec: spec(),
@@ -727,5 +748,35 @@ mod tests {
         let store = MillStore::open(dir.path()).unwrap();
         let snap = store.load().unwrap().unwrap();
         assert_eq!(snap.jobs.len(), 1);
+    }
+
+    /// A send to a connection whose task already ended (its `Disconnected` not yet handled)
+    /// is not a queue overflow: `millrace_send_overflows_total` counts only peers cut off
+    /// for falling behind.
+    #[test]
+    fn a_send_to_an_ended_connection_is_not_an_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, thread, rt) = driver(dir.path());
+        let conn = ConnId(1);
+        let text = rt.block_on(async {
+            let (conn_tx, conn_rx) = mpsc::channel(16);
+            drop(conn_rx);
+            let tx = handle.sender();
+            tx.send(MillCmd::Connected { conn, tx: conn_tx })
+                .await
+                .unwrap();
+            // Answered by a Welcome, which finds the connection gone.
+            tx.send(hello(conn)).await.unwrap();
+            // A submit is answered after its step's outputs were acted on: the Welcome too.
+            handle.submit(spec()).await.unwrap();
+            let text = handle.metrics().await.unwrap();
+            tx.send(MillCmd::Shutdown).await.unwrap();
+            text
+        });
+        thread.join().unwrap().unwrap();
+        assert!(
+            text.contains("\nmillrace_send_overflows_total 0\n"),
+            "{text}"
+        );
     }
 }
