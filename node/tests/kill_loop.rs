@@ -526,10 +526,13 @@ fn held_commit_case(trap: proxy::Trap, kill: Kill, finish_while_down: bool) {
     wait_for("the executor", || mill.api.ready("x1").then_some(()));
 
     proxy.arm(trap);
+    // The wait also ends when the test's directory is gone, so a failed test leaves no
+    // shell looping behind it.
     let command = format!(
-        ": idx=1; {}; while [ ! -e {} ]; do sleep 0.02; done; {}; exit 0",
+        ": idx=1; {}; while [ ! -e {} ] && [ -d {} ]; do sleep 0.02; done; {}; exit 0",
         common::marker_cmd(&markers, 1, "start"),
         gate.display(),
+        markers.display(),
         common::marker_cmd(&markers, 1, "end"),
     );
     let id = mill.api.try_submit(&json!({ "command": command })).unwrap();
