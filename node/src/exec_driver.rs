@@ -245,9 +245,17 @@ impl Driver {
                 let Some(tx) = self.conns.get(&conn) else {
                     return;
                 };
-                if tx.try_send(ConnOut::Send(msg)).is_err() {
-                    tracing::warn!(%conn, "send queue full; closing the connection");
-                    self.conns.remove(&conn);
+                match tx.try_send(ConnOut::Send(msg)) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        tracing::warn!(%conn, "send queue full; closing the connection");
+                        self.conns.remove(&conn);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        // The connection already ended; its task reports `Disconnected`.
+                        tracing::debug!(%conn, "send to a connection that already ended");
+                        self.conns.remove(&conn);
+                    }
                 }
             }
             ExecutorOutput::Close { conn, reason } => {

@@ -3,6 +3,12 @@
 //! transaction (group commit), then acts on the outputs in order, and sleeps until
 //! `next_deadline`. Client replies are sent only after the step's commit, so a job id is
 //! never handed out before its job is durable.
+//!
+//! Shutdown is a command like any other ([`MillCmd::Shutdown`]), handled between steps by
+//! the thread that owns the store: the step in flight finishes (its group commit, then the
+//! sends after it), every connection is closed after what is queued for it and given a
+//! bounded moment to write it out, and only then is the store closed. Nothing else ever
+//! touches the store, so no close can land in the middle of a commit.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -11,7 +17,7 @@ use millrace_core::job::{JobSpec, JobState};
 use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
 use millrace_core::wire::ToExecutor;
 use millrace_core::{ConnId, JobId, NodeId};
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::clock::{wall_ms, Clock};
 use crate::logs::LogMsg;
@@ -26,6 +32,8 @@ pub const CMD_QUEUE: usize = 16 * 1024;
 const MAX_STEP_INPUTS: usize = 2048;
 /// Events buffered per subscriber of job events.
 pub const EVENT_BUFFER: usize = 16 * 1024;
+/// At shutdown, how long connection writers may take to send what the last steps queued.
+const SHUTDOWN_SEND_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Something for the mill driver.
 #[derive(Debug)]
@@ -77,6 +85,10 @@ pub enum MillCmd {
         /// The answer.
         reply: oneshot::Sender<Stats>,
     },
+    /// Stop after the step in flight: commit it, act on its outputs, close every connection
+    /// once its queue is written, then close the store. Commands queued behind this one are
+    /// dropped (their askers hear that the mill is shutting down).
+    Shutdown,
 }
 
 /// One executor as `/v1/nodes` shows it.
@@ -243,10 +255,13 @@ struct Driver {
     commit_us_total: u64,
     events: broadcast::Sender<JobEvent>,
     logs: mpsc::Sender<LogMsg>,
+    /// A `Shutdown` came in: this step is the last.
+    stopping: bool,
 }
 
-/// Starts the driver thread for `mill` on `store`. It runs until `shutdown` turns true, then
-/// commits what is left, closes every connection and closes the store cleanly.
+/// Starts the driver thread for `mill` on `store`. It runs until [`MillCmd::Shutdown`] (or
+/// until every handle is dropped), then commits what is left, sends it, closes every
+/// connection and closes the store cleanly.
 pub fn spawn(
     mill: Mill,
     store: MillStore,
@@ -257,7 +272,6 @@ pub fn spawn(
         (NodeId, millrace_core::Epoch),
         millrace_core::Seqno,
     >,
-    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(MillHandle, std::thread::JoinHandle<Result<(), DriverError>>)> {
     let (tx, rx) = mpsc::channel(CMD_QUEUE);
     let latency_us = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -274,6 +288,7 @@ pub fn spawn(
         commit_us_total: 0,
         events,
         logs,
+        stopping: false,
     };
     let handle = std::thread::Builder::new()
         .name("mill-driver".into())
@@ -285,24 +300,17 @@ pub fn spawn(
                     path: "runtime".into(),
                     source: e,
                 })?;
-            rt.block_on(driver.run(rx, shutdown))
+            rt.block_on(driver.run(rx))
         })?;
     Ok((MillHandle { tx }, handle))
 }
 
 impl Driver {
-    async fn run(
-        mut self,
-        mut rx: mpsc::Receiver<MillCmd>,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> Result<(), DriverError> {
+    async fn run(mut self, mut rx: mpsc::Receiver<MillCmd>) -> Result<(), DriverError> {
         // Outputs of `Mill::new` (a restart's persists and updates) come first.
         self.drain();
         self.flush()?;
-        loop {
-            if *shutdown.borrow() {
-                break;
-            }
+        while !self.stopping {
             let deadline = self.mill.next_deadline().map(|t| self.clock.instant_of(t));
             let sleep = async {
                 match deadline {
@@ -311,10 +319,9 @@ impl Driver {
                 }
             };
             let first = tokio::select! {
-                biased;
-                _ = shutdown.changed() => break,
                 cmd = rx.recv() => match cmd {
                     Some(c) => Some(c),
+                    // Every handle is gone: nobody can ask for anything any more.
                     None => break,
                 },
                 () = sleep => None,
@@ -322,6 +329,9 @@ impl Driver {
             if let Some(cmd) = first {
                 self.input(cmd);
                 for _ in 1..MAX_STEP_INPUTS {
+                    if self.stopping {
+                        break;
+                    }
                     match rx.try_recv() {
                         Ok(cmd) => self.input(cmd),
                         Err(_) => break,
@@ -333,16 +343,41 @@ impl Driver {
                 self.mill.handle(now, MillInput::Tick);
                 self.drain();
             }
+            // The step's group commit, then its sends: a shutdown waits for both.
             self.flush()?;
         }
         self.flush()?;
-        for (_, tx) in self.conns.drain() {
-            let _ = tx.try_send(ConnOut::Close("the mill is shutting down".into()));
-        }
+        // `rx` stays open until the writers are done: a reader whose delivery failed would
+        // end its connection and abort the writer with the last sends still queued.
+        self.close_connections().await;
+        drop(rx);
         let path = self.store.path().display().to_string();
         self.store.close()?;
         tracing::info!(store = %path, "mill store closed");
         Ok(())
+    }
+
+    /// Closes every connection after what is queued for it, and waits (bounded) until the
+    /// writers have put it on the wire: the sends of the last step leave before the process.
+    async fn close_connections(&mut self) {
+        let conns: Vec<_> = self.conns.drain().map(|(_, tx)| tx).collect();
+        for tx in &conns {
+            let _ = tx.try_send(ConnOut::Close("the mill is shutting down".into()));
+        }
+        let written = async {
+            for tx in &conns {
+                tx.closed().await;
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_SEND_GRACE, written)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "some executor connections did not take their last messages in time; \
+                 they will be re-sent or reconciled after the restart (M29)"
+            );
+        }
     }
 
     fn drain(&mut self) {
@@ -398,6 +433,10 @@ impl Driver {
                         .checked_div(self.metrics.batches)
                         .unwrap_or(0),
                 });
+            }
+            MillCmd::Shutdown => {
+                tracing::info!("shutdown: finishing the step in flight");
+                self.stopping = true;
             }
         }
         self.drain();
@@ -501,11 +540,20 @@ impl Driver {
                 let Some(tx) = self.conns.get(&conn) else {
                     return;
                 };
-                if tx.try_send(ConnOut::Send(msg)).is_err() {
-                    // A peer this far behind is cut off; its task reports Disconnected.
-                    tracing::warn!(%conn, "send queue full; closing the connection");
-                    self.metrics.send_overflows += 1;
-                    self.conns.remove(&conn);
+                match tx.try_send(ConnOut::Send(msg)) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        // A peer this far behind is cut off; its task reports Disconnected.
+                        tracing::warn!(%conn, "send queue full; closing the connection");
+                        self.metrics.send_overflows += 1;
+                        self.conns.remove(&conn);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        // The connection already ended (its `Disconnected` is on the way):
+                        // not an overflow, nothing for an operator to act on.
+                        tracing::debug!(%conn, "send to a connection that already ended");
+                        self.conns.remove(&conn);
+                    }
                 }
             }
             MillOutput::Close { conn, reason } => {
@@ -570,5 +618,153 @@ impl Driver {
                 tracing::debug!(?path, "rare path");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use millrace_core::mill::MillConfig;
+    use millrace_core::wire::{ToMill, PROTOCOL_VERSION};
+    use millrace_core::{Epoch, Identity, Resources};
+
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            engine: "shell".into(),
+            labels: BTreeSet::new(),
+            resources: Resources::new(),
+            identity: Identity {
+                owner: "o".into(),
+                repo: "r".into(),
+            },
+            timeout: None,
+            payload: b"true".to_vec(),
+        }
+    }
+
+    /// M29 / DESIGN §2 at shutdown: everything queued before `Shutdown` is one last step —
+    /// committed (the submit's job survives in the store, its id is answered), then acted on
+    /// (the Welcome that followed the Hello reaches the connection before its Close) — and
+    /// only then is the store closed, by the driver's own thread. Nothing queued after
+    /// `Shutdown` is taken.
+    type Thread = std::thread::JoinHandle<Result<(), DriverError>>;
+
+    /// A driver on a fresh store in `dir`, and a runtime to talk to it from the test.
+    fn driver(dir: &std::path::Path) -> (MillHandle, Thread, tokio::runtime::Runtime) {
+        let store = MillStore::open(dir).unwrap();
+        let clock = Clock::start();
+        let mill = Mill::new(MillConfig::default(), None, clock.now()).unwrap();
+        let (events, _) = broadcast::channel(16);
+        let (logs, _) = mpsc::channel(16);
+        let (handle, thread) = spawn(mill, store, clock, events, logs, BTreeMap::new()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        (handle, thread, rt)
+    }
+
+    fn hello(conn: ConnId) -> MillCmd {
+        MillCmd::Net(MillInput::Message {
+            conn,
+            msg: ToMill::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: "x1".into(),
+                epoch: Epoch(7),
+                token: String::new(),
+                labels: Vec::new(),
+                engines: vec!["shell".into()],
+            },
+        })
+    }
+
+    #[test]
+    fn shutdown_finishes_the_step_in_flight_then_closes_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, thread, rt) = driver(dir.path());
+        let conn = ConnId(1);
+        let (conn_tx, mut conn_rx) = mpsc::channel(16);
+        let (first, late) = rt.block_on(async {
+            let tx = handle.sender();
+            tx.send(MillCmd::Connected { conn, tx: conn_tx })
+                .await
+                .unwrap();
+            tx.send(hello(conn)).await.unwrap();
+            let (first_tx, first_rx) = oneshot::channel();
+            tx.send(MillCmd::Submit {
+                spec: spec(),
+                reply: first_tx,
+            })
+            .await
+            .unwrap();
+            tx.send(MillCmd::Shutdown).await.unwrap();
+            let (late_tx, late_rx) = oneshot::channel();
+            let _ = tx
+                .send(MillCmd::Submit {
+                    spec: spec(),
+                    reply: late_tx,
+                })
+                .await;
+            let mut got = Vec::new();
+            while let Some(out) = conn_rx.recv().await {
+                let close = matches!(out, ConnOut::Close(_));
+                got.push(out);
+                if close {
+                    break;
+                }
+            }
+            assert!(
+                matches!(
+                    got.as_slice(),
+                    [ConnOut::Send(ToExecutor::Welcome { .. }), ConnOut::Close(_)]
+                ),
+                "{got:?}"
+            );
+            // The writer is done: the driver may close the store now.
+            drop(conn_rx);
+            (first_rx.await, late_rx.await)
+        });
+        assert!(matches!(first, Ok(Ok(JobId(1)))), "{first:?}");
+        assert!(
+            late.is_err(),
+            "a submit behind the shutdown was taken: {late:?}"
+        );
+        thread.join().unwrap().unwrap();
+        let store = MillStore::open(dir.path()).unwrap();
+        let snap = store.load().unwrap().unwrap();
+        assert_eq!(snap.jobs.len(), 1);
+    }
+
+    /// A send to a connection whose task already ended (its `Disconnected` not yet handled)
+    /// is not a queue overflow: `millrace_send_overflows_total` counts only peers cut off
+    /// for falling behind.
+    #[test]
+    fn a_send_to_an_ended_connection_is_not_an_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, thread, rt) = driver(dir.path());
+        let conn = ConnId(1);
+        let text = rt.block_on(async {
+            let (conn_tx, conn_rx) = mpsc::channel(16);
+            drop(conn_rx);
+            let tx = handle.sender();
+            tx.send(MillCmd::Connected { conn, tx: conn_tx })
+                .await
+                .unwrap();
+            // Answered by a Welcome, which finds the connection gone.
+            tx.send(hello(conn)).await.unwrap();
+            // A submit is answered after its step's outputs were acted on: the Welcome too.
+            handle.submit(spec()).await.unwrap();
+            let text = handle.metrics().await.unwrap();
+            tx.send(MillCmd::Shutdown).await.unwrap();
+            text
+        });
+        thread.join().unwrap().unwrap();
+        assert!(
+            text.contains("\nmillrace_send_overflows_total 0\n"),
+            "{text}"
+        );
     }
 }

@@ -171,16 +171,8 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
     let (log_tx, logs) = crate::logs::spawn_writer(opts.data.clone(), events.clone())
         .map_err(io("job log writer"))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (handle, driver) = mill_driver::spawn(
-        mill,
-        store,
-        clock,
-        events.clone(),
-        log_tx,
-        restored,
-        shutdown_rx.clone(),
-    )
-    .map_err(io("mill driver thread"))?;
+    let (handle, driver) = mill_driver::spawn(mill, store, clock, events.clone(), log_tx, restored)
+        .map_err(io("mill driver thread"))?;
 
     let exec_listener = TcpListener::bind(&opts.executor_listen)
         .await
@@ -254,14 +246,17 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
 }
 
 impl MillNode {
-    /// Stops accepting, lets in-flight HTTP requests finish (bounded), commits what is left
-    /// and closes the store.
+    /// Stops accepting, lets in-flight HTTP requests finish (bounded), then asks the driver
+    /// to stop: it finishes the step in flight (commit, then sends), closes the connections
+    /// and closes the store on its own thread (never from here, never mid-commit).
     pub async fn stop(self) -> Result<(), NodeError> {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             // Log followers may hold the HTTP server open; do not wait for them forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
+        // Fails only if the driver already stopped (a failed commit); join tells why.
+        let _ = self.handle.sender().send(MillCmd::Shutdown).await;
         let driver = self.driver;
         let result = tokio::task::spawn_blocking(move || driver.join())
             .await

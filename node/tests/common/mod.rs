@@ -1,0 +1,387 @@
+//! Helpers for tests that run real `millrace` processes on loopback: spawning and killing
+//! processes, the mill's address file, a small HTTP client, bounded polling and a seeded
+//! pseudo-random source. Every wait polls with a deadline; nothing sleeps in place of
+//! synchronisation.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_millrace");
+
+/// How long a wait may take before the test fails, saying what it waited for. Generous: the
+/// machine may be busy; nothing asserts speed.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A child process whose output goes to a log file; killed (SIGKILL) when dropped.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(args: &[String], log: PathBuf, rust_log: &str) -> Proc {
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .env_remove("MILLRACE_TOKEN")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Proc {
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// SIGTERM and wait for the process to exit; its exit status.
+    pub fn term(&mut self) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let mut c = self.child.take().unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not stop after SIGTERM; log:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `f` until it yields, or fails the test after [`TIMEOUT`] saying what it waited for.
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_within(what, TIMEOUT, f)
+}
+
+/// [`wait_for`] with its own bound.
+pub fn wait_for_within<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where a mill process listens, from the address file it wrote.
+#[derive(Debug, Clone)]
+pub struct Addrs {
+    pub http: String,
+    pub executor: String,
+}
+
+/// The addresses the mill process `pid` wrote once it listened.
+pub fn addrs(data: &Path, pid: u32) -> Addrs {
+    wait_for("the mill's address file", || {
+        let text = std::fs::read_to_string(data.join("addr.json")).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        if v["pid"].as_u64()? != u64::from(pid) {
+            return None;
+        }
+        Some(Addrs {
+            http: format!("http://{}", v["http"].as_str()?),
+            executor: v["executor"].as_str()?.to_string(),
+        })
+    })
+}
+
+/// The mill's token, once it wrote it.
+pub fn token(data: &Path) -> String {
+    wait_for("the token file", || {
+        let t = std::fs::read_to_string(data.join("token")).ok()?;
+        let t = t.trim().to_string();
+        (!t.is_empty()).then_some(t)
+    })
+}
+
+/// A small client of the mill's HTTP API. Transport failures answer status 0.
+pub struct Api {
+    pub base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    pub fn new(base: &str, token: &str) -> Api {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Api {
+            base: base.to_string(),
+            token: token.to_string(),
+            agent,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let req = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", &format!("Bearer {}", self.token));
+        match req.call() {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            ),
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let r = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body);
+        match r {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            ),
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    /// Submits; the job id when the mill accepted it (201).
+    pub fn try_submit(&self, body: &Value) -> Option<u64> {
+        let (s, v) = self.post("/v1/jobs", &body.to_string());
+        (s == 201).then(|| v["id"].as_u64()).flatten()
+    }
+
+    pub fn job(&self, id: u64) -> Option<Value> {
+        let (s, v) = self.get(&format!("/v1/jobs/{id}"));
+        (s == 200).then_some(v)
+    }
+
+    pub fn wait_state(&self, id: u64, pred: impl Fn(&str) -> bool, what: &str) -> Value {
+        wait_for(&format!("job {id} to be {what}"), || {
+            let v = self.job(id)?;
+            pred(v["state"].as_str().unwrap_or("")).then_some(v)
+        })
+    }
+
+    pub fn wait_done(&self, id: u64) -> Value {
+        wait_for(&format!("job {id} to end"), || {
+            let v = self.job(id)?;
+            (v["done"].as_bool() == Some(true)).then_some(v)
+        })
+    }
+
+    /// Whether `node` has a session that takes work.
+    pub fn ready(&self, node: &str) -> bool {
+        let (s, v) = self.get("/v1/nodes");
+        s == 200
+            && v["nodes"].as_array().is_some_and(|ns| {
+                ns.iter()
+                    .any(|n| n["node"] == node && n["state"] == "ready")
+            })
+    }
+}
+
+/// Timers both sides share: seconds, not minutes.
+pub fn timing(grace: &str, silence: &str) -> Vec<String> {
+    strings(&[
+        "--reconnect-grace",
+        grace,
+        "--silence-timeout",
+        silence,
+        "--snapshot-interval",
+        "300ms",
+    ])
+}
+
+pub fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|s| s.to_string()).collect()
+}
+
+/// A mill process on `data`, listening for executors on `executor_listen` (a fixed address
+/// keeps executors' `--mill` valid across restarts).
+pub struct Mill {
+    pub proc: Proc,
+    pub data: PathBuf,
+    pub addrs: Addrs,
+    pub api: Api,
+}
+
+/// Starts a mill; waits until it listens. `extra` are more flags (timers).
+pub fn start_mill(
+    root: &Path,
+    executor_listen: &str,
+    extra: &[String],
+    rust_log: &str,
+    n: usize,
+) -> Mill {
+    let data = root.join("mill");
+    let mut args = strings(&[
+        "mill",
+        "--data",
+        data.to_str().unwrap(),
+        "--executor-listen",
+        executor_listen,
+        "--http-listen",
+        "127.0.0.1:0",
+    ]);
+    args.extend_from_slice(extra);
+    let proc = Proc::spawn(&args, root.join(format!("mill-{n}.log")), rust_log);
+    let addrs = addrs(&data, proc.pid());
+    let api = Api::new(&addrs.http, &token(&data));
+    Mill {
+        proc,
+        data,
+        addrs,
+        api,
+    }
+}
+
+/// Starts an executor dialling `mill_addr`.
+pub fn start_executor(
+    root: &Path,
+    mill_addr: &str,
+    node: &str,
+    seats: u32,
+    token_file: &Path,
+    extra: &[String],
+) -> Proc {
+    let data = root.join(node);
+    let mut args = strings(&[
+        "executor",
+        "--mill",
+        mill_addr,
+        "--node-id",
+        node,
+        "--engine",
+        &format!("shell:{seats}"),
+        "--data",
+        data.to_str().unwrap(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--backoff-min",
+        "50ms",
+        "--backoff-max",
+        "300ms",
+        "--stop-grace",
+        "1s",
+        "--drain-timeout",
+        "5s",
+    ]);
+    args.extend_from_slice(extra);
+    Proc::spawn(&args, root.join(format!("{node}.log")), "info")
+}
+
+/// splitmix64: a seeded, reproducible sequence for kill moments and job shapes.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi` (hi > lo).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo)
+    }
+}
+
+/// Execution markers a job left: each execution appends `start <idx> <lease> <pid>` when it
+/// begins and `end <idx> <lease> <pid>` when it finishes, to `<dir>/<job id>`.
+#[derive(Debug, Default, Clone)]
+pub struct Markers {
+    pub starts: Vec<Marker>,
+    pub ends: Vec<Marker>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub idx: u64,
+    pub lease: u64,
+    pub pid: u64,
+}
+
+/// The shell snippet that appends a marker line of `kind` for this execution.
+pub fn marker_cmd(dir: &Path, idx: u64, kind: &str) -> String {
+    format!(
+        "echo \"{kind} {idx} $MILLRACE_LEASE_ID $$\" >> {}/$MILLRACE_JOB_ID",
+        dir.display()
+    )
+}
+
+/// Every marker file under `dir`, by job id.
+pub fn read_markers(dir: &Path) -> std::collections::BTreeMap<u64, Markers> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let job: u64 = e.file_name().to_str().unwrap().parse().unwrap();
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        let mut m = Markers::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f.len(), 4, "marker line {line:?} of job {job}");
+            let marker = Marker {
+                idx: f[1].parse().unwrap(),
+                lease: f[2].parse().unwrap(),
+                pid: f[3].parse().unwrap(),
+            };
+            match f[0] {
+                "start" => m.starts.push(marker),
+                "end" => m.ends.push(marker),
+                other => panic!("marker kind {other:?} of job {job}"),
+            }
+        }
+        out.insert(job, m);
+    }
+    out
+}
