@@ -4,268 +4,27 @@
 //! a bounded deadline — nothing sleeps in place of synchronisation.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-use serde_json::{json, Value};
+use common::{
+    addrs, start_executor, strings, timing, token, wait_for, Api, Mill, Proc, BIN, TIMEOUT,
+};
+use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_millrace");
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Timers both sides share: seconds, not minutes.
-fn timing(grace: &str) -> Vec<String> {
-    [
-        "--reconnect-grace",
-        grace,
-        "--silence-timeout",
-        "1s",
-        "--snapshot-interval",
-        "300ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(args: &[String], log: PathBuf) -> Proc {
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("MILLRACE_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Proc {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
-        nix::sys::signal::kill(pid, sig).unwrap();
-    }
-
-    /// SIGTERM and wait for a clean exit.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
-        let mut c = self.child.take().unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "process did not stop; log:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// Polls `f` until it yields, or fails the test after `TIMEOUT` saying what it waited for.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-struct Addrs {
-    http: String,
-    executor: String,
-}
-
-/// The addresses a mill process wrote once it listened.
-fn addrs(data: &Path, pid: u32) -> Addrs {
-    wait_for("the mill's address file", || {
-        let text = std::fs::read_to_string(data.join("addr.json")).ok()?;
-        let v: Value = serde_json::from_str(&text).ok()?;
-        if v["pid"].as_u64()? != u64::from(pid) {
-            return None;
-        }
-        Some(Addrs {
-            http: format!("http://{}", v["http"].as_str()?),
-            executor: v["executor"].as_str()?.to_string(),
-        })
-    })
-}
-
-struct Api {
-    base: String,
-    token: String,
-    agent: ureq::Agent,
-}
-
-impl Api {
-    fn new(base: &str, token: &str) -> Api {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(10)))
-            .build()
-            .into();
-        Api {
-            base: base.to_string(),
-            token: token.to_string(),
-            agent,
-        }
-    }
-
-    fn get_raw(&self, path: &str, auth: bool) -> (u16, String) {
-        let mut req = self.agent.get(format!("{}{path}", self.base));
-        if auth {
-            req = req.header("Authorization", &format!("Bearer {}", self.token));
-        }
-        match req.call() {
-            Ok(mut r) => (
-                r.status().as_u16(),
-                r.body_mut().read_to_string().unwrap_or_default(),
-            ),
-            Err(_) => (0, String::new()),
-        }
-    }
-
-    fn get(&self, path: &str) -> (u16, Value) {
-        let (s, t) = self.get_raw(path, true);
-        (s, serde_json::from_str(&t).unwrap_or(Value::Null))
-    }
-
-    fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
-        let r = self
-            .agent
-            .post(format!("{}{path}", self.base))
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", "application/json")
-            .send(body);
-        match r {
-            Ok(mut r) => (
-                r.status().as_u16(),
-                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
-                    .unwrap_or(Value::Null),
-            ),
-            Err(_) => (0, Value::Null),
-        }
-    }
-
-    fn submit(&self, body: Value) -> u64 {
-        let (s, v) = self.post_raw("/v1/jobs", &body.to_string());
-        assert_eq!(s, 201, "submit answered {s}: {v}");
-        v["id"].as_u64().unwrap()
-    }
-
-    fn job(&self, id: u64) -> Value {
-        let (s, v) = self.get(&format!("/v1/jobs/{id}"));
-        assert_eq!(s, 200, "job {id}: {v}");
-        v
-    }
-
-    fn wait_state(&self, id: u64, pred: impl Fn(&str) -> bool, what: &str) -> Value {
-        wait_for(&format!("job {id} to be {what}"), || {
-            let (s, v) = self.get(&format!("/v1/jobs/{id}"));
-            (s == 200 && pred(v["state"].as_str().unwrap_or(""))).then_some(v)
-        })
-    }
-
-    fn wait_done(&self, id: u64) -> Value {
-        wait_for(&format!("job {id} to end"), || {
-            let (s, v) = self.get(&format!("/v1/jobs/{id}"));
-            (s == 200 && v["done"].as_bool() == Some(true)).then_some(v)
-        })
-    }
-
-    fn connected(&self, node: &str) -> bool {
-        let (s, v) = self.get("/v1/nodes");
-        s == 200
-            && v["nodes"].as_array().is_some_and(|ns| {
-                ns.iter()
-                    .any(|n| n["node"] == node && n["state"] == "ready")
-            })
-    }
-}
-
-fn token(data: &Path) -> String {
-    wait_for("the token file", || {
-        let t = std::fs::read_to_string(data.join("token")).ok()?;
-        let t = t.trim().to_string();
-        (!t.is_empty()).then_some(t)
-    })
-}
-
-struct Mill {
-    proc: Proc,
-    data: PathBuf,
-    addrs: Addrs,
-    api: Api,
-}
-
+/// Starts a mill whose executors lose their leases after `grace`; waits until it listens.
 fn start_mill(root: &Path, grace: &str, executor_listen: &str) -> Mill {
-    let data = root.join("mill");
-    let mut args: Vec<String> = [
-        "mill",
-        "--data",
-        data.to_str().unwrap(),
-        "--executor-listen",
-        executor_listen,
-        "--http-listen",
-        "127.0.0.1:0",
-        "--bid-timeout",
-        "1s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(timing(grace));
+    let mut extra = strings(&["--bid-timeout", "1s"]);
+    extra.extend(timing(grace, "1s"));
     let n = std::fs::read_dir(root).map(|d| d.count()).unwrap_or(0);
-    let proc = Proc::spawn(&args, root.join(format!("mill-{n}.log")));
-    let addrs = addrs(&data, proc.pid());
-    let api = Api::new(&addrs.http, &token(&data));
-    Mill {
-        proc,
-        data,
-        addrs,
-        api,
-    }
+    common::start_mill(root, executor_listen, &extra, "info", n)
 }
 
-fn start_executor(
+/// Starts executor `node` with `labels` and `seats` shell seats, dialling `mill`.
+fn start_exec(
     root: &Path,
     mill: &Mill,
     node: &str,
@@ -274,36 +33,9 @@ fn start_executor(
     grace: &str,
     token_file: &Path,
 ) -> Proc {
-    let data = root.join(node);
-    let mut args: Vec<String> = [
-        "executor",
-        "--mill",
-        &mill.addrs.executor,
-        "--node-id",
-        node,
-        "--labels",
-        labels,
-        "--engine",
-        &format!("shell:{seats}"),
-        "--data",
-        data.to_str().unwrap(),
-        "--token-file",
-        token_file.to_str().unwrap(),
-        "--backoff-min",
-        "50ms",
-        "--backoff-max",
-        "500ms",
-        "--stop-grace",
-        "1s",
-        "--drain-timeout",
-        "5s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(timing(grace));
-    let n = std::fs::read_dir(root).map(|d| d.count()).unwrap_or(0);
-    Proc::spawn(&args, root.join(format!("{node}-{n}.log")))
+    let mut extra = strings(&["--labels", labels]);
+    extra.extend(timing(grace, "1s"));
+    start_executor(root, &mill.addrs.executor, node, seats, token_file, &extra)
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -336,7 +68,7 @@ fn kill_pid(pid: Option<i32>) {
 fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("sa");
-    let args: Vec<String> = [
+    let args = strings(&[
         "standalone",
         "--data",
         data.to_str().unwrap(),
@@ -346,11 +78,8 @@ fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
         "127.0.0.1:0",
         "--engine",
         "shell:4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut sa = Proc::spawn(&args, root.path().join("sa.log"));
+    ]);
+    let mut sa = Proc::spawn(&args, root.path().join("sa.log"), "info");
     let addrs = addrs(&data, sa.pid());
     let api = Api::new(&addrs.http, &token(&data));
     let (s, _) = api.get_raw("/health", false);
@@ -359,7 +88,7 @@ fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
     assert_eq!(s, 401, "{body}");
 
     let ids: Vec<u64> = (0..20)
-        .map(|i| api.submit(json!({"command": format!("echo out-{i}; echo err-{i} >&2")})))
+        .map(|i| api.submit(&json!({"command": format!("echo out-{i}; echo err-{i} >&2")})))
         .collect();
     for (i, id) in ids.iter().enumerate() {
         let v = api.wait_done(*id);
@@ -469,7 +198,7 @@ fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
             "{name} {kind}"
         );
     }
-    assert!(sa.stop().success(), "{}", sa.logs());
+    assert!(sa.term().success(), "{}", sa.logs());
 }
 
 /// (b) mill + 2 executors; `kill -9` one mid-job: its job fails after grace, the other's
@@ -479,13 +208,13 @@ fn b_killed_executor_fails_its_jobs_after_grace_the_other_succeeds() {
     let root = tempfile::tempdir().unwrap();
     let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
     let tok = mill.data.join("token");
-    let mut x1 = start_executor(root.path(), &mill, "x1", "a", 2, "2s", &tok);
-    let _x2 = start_executor(root.path(), &mill, "x2", "b", 2, "2s", &tok);
+    let mut x1 = start_exec(root.path(), &mill, "x1", "a", 2, "2s", &tok);
+    let _x2 = start_exec(root.path(), &mill, "x2", "b", 2, "2s", &tok);
     wait_for("both executors", || {
-        (mill.api.connected("x1") && mill.api.connected("x2")).then_some(())
+        (mill.api.ready("x1") && mill.api.ready("x2")).then_some(())
     });
     let pidfile = root.path().join("a.pid");
-    let a = mill.api.submit(json!({
+    let a = mill.api.submit(&json!({
         "command": format!("echo $$ > {}; exec sleep 60", pidfile.display()),
         "labels": ["a"],
     }));
@@ -494,7 +223,7 @@ fn b_killed_executor_fails_its_jobs_after_grace_the_other_succeeds() {
     let bs: Vec<u64> = (0..4)
         .map(|_| {
             mill.api
-                .submit(json!({"command": "sleep 0.2; echo ok", "labels": ["b"]}))
+                .submit(&json!({"command": "sleep 0.2; echo ok", "labels": ["b"]}))
         })
         .collect();
     x1.kill9();
@@ -518,10 +247,10 @@ fn c_mill_restart_mid_job_keeps_the_real_status() {
     let root = tempfile::tempdir().unwrap();
     let mut mill = start_mill(root.path(), "5s", "127.0.0.1:0");
     let tok = mill.data.join("token");
-    let _x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
-    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let _x = start_exec(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
     let gate = root.path().join("gate");
-    let id = mill.api.submit(json!({
+    let id = mill.api.submit(&json!({
         "command": format!("while [ ! -e {} ]; do sleep 0.05; done; echo finished; exit 3", gate.display()),
     }));
     mill.api.wait_state(id, |s| s == "running", "running");
@@ -535,7 +264,7 @@ fn c_mill_restart_mid_job_keeps_the_real_status() {
     assert_eq!(v["exit_code"], 3, "{v}");
     assert_eq!(v["error"], "exit status 3", "{v}");
     // The restarted mill places new work too.
-    let next = mill.api.submit(json!({"command": "true"}));
+    let next = mill.api.submit(&json!({"command": "true"}));
     assert_eq!(mill.api.wait_done(next)["state"], "success");
 }
 
@@ -547,14 +276,14 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     let root = tempfile::tempdir().unwrap();
     let mill = start_mill(root.path(), "5s", "127.0.0.1:0");
     let tok = mill.data.join("token");
-    let mut x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
-    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let mut x = start_exec(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
     let gate = root.path().join("gate");
     let pidfile = root.path().join("b.pid");
-    let a = mill.api.submit(json!({
+    let a = mill.api.submit(&json!({
         "command": format!("while [ ! -e {} ]; do sleep 0.05; done; echo a-done", gate.display()),
     }));
-    let b = mill.api.submit(json!({
+    let b = mill.api.submit(&json!({
         "command": format!("echo $$ > {}; exec sleep 60", pidfile.display()),
     }));
     mill.api.wait_state(a, |s| s == "running", "running");
@@ -579,7 +308,7 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     });
     x.kill9();
     mill.proc.signal(nix::sys::signal::Signal::SIGCONT);
-    let _x = start_executor(root.path(), &mill, "x1", "", 2, "5s", &tok);
+    let _x = start_exec(root.path(), &mill, "x1", "", 2, "5s", &tok);
     let va = mill.api.wait_done(a);
     assert_eq!(va["state"], "success", "{va}");
     assert_eq!(va["exit_code"], 0, "{va}");
@@ -598,7 +327,7 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
     let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
     let bad = root.path().join("bad-token");
     std::fs::write(&bad, "not-the-token\n").unwrap();
-    let x = start_executor(root.path(), &mill, "intruder", "", 1, "2s", &bad);
+    let x = start_exec(root.path(), &mill, "intruder", "", 1, "2s", &bad);
     wait_for("the refusal in the executor's log", || {
         x.logs()
             .contains("the mill refused this executor")
@@ -609,10 +338,10 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
     });
     let (_, text) = mill.api.get_raw("/metrics", true);
     assert!(!text.contains("millrace_hello_refused_total 0\n"), "{text}");
-    assert!(!mill.api.connected("intruder"));
+    assert!(!mill.api.ready("intruder"));
 
     // Item 3: a frame over the limit, or a malformed one, closes that connection only.
-    let good = start_executor(
+    let good = start_exec(
         root.path(),
         &mill,
         "honest",
@@ -622,7 +351,7 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
         &mill.data.join("token"),
     );
     wait_for("the honest executor", || {
-        mill.api.connected("honest").then_some(())
+        mill.api.ready("honest").then_some(())
     });
     for bytes in [
         vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3],
@@ -638,8 +367,8 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
             "the mill should close a connection that sent {bytes:?}"
         );
     }
-    assert!(mill.api.connected("honest"));
-    let id = mill.api.submit(json!({"command": "true"}));
+    assert!(mill.api.ready("honest"));
+    let id = mill.api.submit(&json!({"command": "true"}));
     assert_eq!(mill.api.wait_done(id)["state"], "success");
     drop(good);
 }
@@ -661,28 +390,28 @@ fn f_malformed_bodies_get_400_naming_the_field() {
         (r#"{"command": "x", "colour": "red"}"#, "colour"),
         ("{not json", "body"),
     ] {
-        let (s, v) = mill.api.post_raw("/v1/jobs", body);
+        let (s, v) = mill.api.post("/v1/jobs", body);
         assert_eq!(s, 400, "{body}: {v}");
         assert_eq!(v["field"], field, "{body}: {v}");
         assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
     }
     let huge = format!(r#"{{"command": "{}"}}"#, "x".repeat(600 * 1024));
-    let (s, v) = mill.api.post_raw("/v1/jobs", &huge);
+    let (s, v) = mill.api.post("/v1/jobs", &huge);
     assert_eq!((s, v["field"].as_str()), (413, Some("body")), "{v}");
     let (s, v) = mill.api.get("/v1/jobs/999");
     assert_eq!(s, 404, "{v}");
     let (s, v) = mill.api.get("/v1/jobs?state=bogus");
     assert_eq!((s, v["field"].as_str()), (400, Some("state")), "{v}");
-    let (s, v) = mill.api.post_raw("/v1/jobs/999/cancel", "{}");
+    let (s, v) = mill.api.post("/v1/jobs/999/cancel", "{}");
     assert_eq!(s, 404, "{v}");
     // No executor: the job queues; cancelling it ends it, a second cancel conflicts.
-    let id = mill.api.submit(json!({"command": "true"}));
-    let (s, v) = mill.api.post_raw(&format!("/v1/jobs/{id}/cancel"), "{}");
+    let id = mill.api.submit(&json!({"command": "true"}));
+    let (s, v) = mill.api.post(&format!("/v1/jobs/{id}/cancel"), "{}");
     assert_eq!(s, 202, "{v}");
     assert_eq!(mill.api.wait_done(id)["state"], "cancelled");
-    let (s, v) = mill.api.post_raw(&format!("/v1/jobs/{id}/cancel"), "{}");
+    let (s, v) = mill.api.post(&format!("/v1/jobs/{id}/cancel"), "{}");
     assert_eq!(s, 409, "{v}");
-    let (s, v) = mill.api.post_raw("/v1/nodes/nobody/quarantine/lift", "");
+    let (s, v) = mill.api.post("/v1/nodes/nobody/quarantine/lift", "");
     assert_eq!(s, 409, "{v}");
 }
 
@@ -692,11 +421,11 @@ fn g_cancel_kills_the_whole_process_group() {
     let root = tempfile::tempdir().unwrap();
     let mill = start_mill(root.path(), "2s", "127.0.0.1:0");
     let tok = mill.data.join("token");
-    let _x = start_executor(root.path(), &mill, "x1", "", 1, "2s", &tok);
-    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let _x = start_exec(root.path(), &mill, "x1", "", 1, "2s", &tok);
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
     let child = root.path().join("child.pid");
     let shell = root.path().join("sh.pid");
-    let id = mill.api.submit(json!({
+    let id = mill.api.submit(&json!({
         "command": format!(
             "sleep 300 & echo $! > {c}; echo $$ > {s}; wait",
             c = child.display(),
@@ -709,7 +438,7 @@ fn g_cancel_kills_the_whole_process_group() {
     assert!(pid_alive(child_pid) && pid_alive(shell_pid));
     let (s, v) = mill
         .api
-        .post_raw(&format!("/v1/jobs/{id}/cancel"), r#"{"reason": "test"}"#);
+        .post(&format!("/v1/jobs/{id}/cancel"), r#"{"reason": "test"}"#);
     assert_eq!(s, 202, "{v}");
     let v = mill.api.wait_done(id);
     assert_eq!(v["state"], "cancelled", "{v}");
@@ -749,20 +478,20 @@ fn h_sigterm_drains_the_executor_and_stops_the_mill_cleanly() {
     let root = tempfile::tempdir().unwrap();
     let mut mill = start_mill(root.path(), "2s", "127.0.0.1:0");
     let tok = mill.data.join("token");
-    let mut x = start_executor(root.path(), &mill, "x1", "", 1, "2s", &tok);
-    wait_for("the executor", || mill.api.connected("x1").then_some(()));
+    let mut x = start_exec(root.path(), &mill, "x1", "", 1, "2s", &tok);
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
     let id = mill
         .api
-        .submit(json!({"command": "sleep 0.5; echo drained"}));
+        .submit(&json!({"command": "sleep 0.5; echo drained"}));
     mill.api.wait_state(id, |s| s == "running", "running");
-    let status = x.stop();
+    let status = x.term();
     assert!(status.success(), "executor exit {status:?}: {}", x.logs());
     // The result was acked before the executor exited (the outbox is flushed in a drain).
-    let v = mill.api.job(id);
+    let v = mill.api.job(id).expect("the job is known");
     assert_eq!(v["state"], "success", "{v}");
     let (_, log) = mill.api.get_raw(&format!("/v1/jobs/{id}/log"), true);
     assert!(log.contains("drained"), "{log:?}");
-    let status = mill.proc.stop();
+    let status = mill.proc.term();
     assert!(
         status.success(),
         "mill exit {status:?}: {}",

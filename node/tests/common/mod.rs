@@ -156,19 +156,24 @@ impl Api {
         }
     }
 
-    pub fn get(&self, path: &str) -> (u16, Value) {
-        let req = self
-            .agent
-            .get(format!("{}{path}", self.base))
-            .header("Authorization", &format!("Bearer {}", self.token));
+    /// A GET's status and body text; `auth` says whether to send the token.
+    pub fn get_raw(&self, path: &str, auth: bool) -> (u16, String) {
+        let mut req = self.agent.get(format!("{}{path}", self.base));
+        if auth {
+            req = req.header("Authorization", &format!("Bearer {}", self.token));
+        }
         match req.call() {
             Ok(mut r) => (
                 r.status().as_u16(),
-                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
-                    .unwrap_or(Value::Null),
+                r.body_mut().read_to_string().unwrap_or_default(),
             ),
-            Err(_) => (0, Value::Null),
+            Err(_) => (0, String::new()),
         }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let (s, t) = self.get_raw(path, true);
+        (s, serde_json::from_str(&t).unwrap_or(Value::Null))
     }
 
     pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
@@ -192,6 +197,13 @@ impl Api {
     pub fn try_submit(&self, body: &Value) -> Option<u64> {
         let (s, v) = self.post("/v1/jobs", &body.to_string());
         (s == 201).then(|| v["id"].as_u64()).flatten()
+    }
+
+    /// Submits; the job id, failing the test unless the mill accepted it (201).
+    pub fn submit(&self, body: &Value) -> u64 {
+        let (s, v) = self.post("/v1/jobs", &body.to_string());
+        assert_eq!(s, 201, "submit answered {s}: {v}");
+        v["id"].as_u64().unwrap()
     }
 
     pub fn job(&self, id: u64) -> Option<Value> {
@@ -311,7 +323,16 @@ pub fn start_executor(
         "5s",
     ]);
     args.extend_from_slice(extra);
-    Proc::spawn(&args, root.join(format!("{node}.log")), "info")
+    Proc::spawn(&args, fresh_log(root, node), "info")
+}
+
+/// `<root>/<stem>-<i>.log` for the first `i` not yet taken, so a restarted process does not
+/// overwrite the log of the one before it.
+pub fn fresh_log(root: &Path, stem: &str) -> PathBuf {
+    (0..)
+        .map(|i| root.join(format!("{stem}-{i}.log")))
+        .find(|p| !p.exists())
+        .unwrap()
 }
 
 /// splitmix64: a seeded, reproducible sequence for kill moments and job shapes.
