@@ -603,13 +603,31 @@ impl Checker {
         if !limited {
             return Ok(Vec::new());
         }
-        let Some(job) = w.mill_store.jobs.get(&r.job) else {
+        // The post-batch store may have lost the job already: a late Tick (I12) can fire a
+        // bid's end (publishing the lease) and the job's timeout (ending it) in one step, so
+        // one batch inserts the lease and ends its job. The job's identity then comes from
+        // the arrival it was submitted as.
+        let from_arrival = || match self
+            .accepted
+            .get(&r.job)
+            .map(|k| &w.workload.arrivals[*k].1)
+        {
+            Some(crate::workload::Arrival::Job { spec, .. }) => Some(spec.identity.clone()),
+            _ => None,
+        };
+        let Some(id) = w
+            .mill_store
+            .jobs
+            .get(&r.job)
+            .map(|j| j.spec.identity.clone())
+            .or_else(from_arrival)
+        else {
             return fail(
                 "I5",
                 format!("durable lease {} of unknown {}", r.lease, r.job),
             );
         };
-        let id = &job.spec.identity;
+        let id = &id;
         let mut charge = Vec::with_capacity(2 * r.resources.len());
         for (repo, scope) in [(false, id.owner.as_str()), (true, id.repo.as_str())] {
             let scope_id = self.tally.id(scope);
