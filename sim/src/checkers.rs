@@ -603,13 +603,31 @@ impl Checker {
         if !limited {
             return Ok(Vec::new());
         }
-        let Some(job) = w.mill_store.jobs.get(&r.job) else {
+        // The post-batch store may have lost the job already: a late Tick (I12) can fire a
+        // bid's end (publishing the lease) and the job's timeout (ending it) in one step, so
+        // one batch inserts the lease and ends its job. The job's identity then comes from
+        // the arrival it was submitted as.
+        let from_arrival = || match self
+            .accepted
+            .get(&r.job)
+            .map(|k| &w.workload.arrivals[*k].1)
+        {
+            Some(crate::workload::Arrival::Job { spec, .. }) => Some(spec.identity.clone()),
+            _ => None,
+        };
+        let Some(id) = w
+            .mill_store
+            .jobs
+            .get(&r.job)
+            .map(|j| j.spec.identity.clone())
+            .or_else(from_arrival)
+        else {
             return fail(
                 "I5",
                 format!("durable lease {} of unknown {}", r.lease, r.job),
             );
         };
-        let id = &job.spec.identity;
+        let id = &id;
         let mut charge = Vec::with_capacity(2 * r.resources.len());
         for (repo, scope) in [(false, id.owner.as_str()), (true, id.repo.as_str())] {
             let scope_id = self.tally.id(scope);
@@ -889,27 +907,32 @@ impl Checker {
                 let Some(x) = &p.exec else {
                     return Ok(());
                 };
-                // M8 judges a lease by the snapshot only after applying events up to
-                // `outbox_high`: every seat held must be listed, and every result owed
-                // (an unacked outbox event) must lie at or below the mark. Checked in full,
-                // however many leases there are.
-                let reported = |l: &LeaseId| active_leases.contains(l);
-                if let Some(missing) = x
-                    .reserved_leases()
-                    .chain(x.running_leases())
-                    .find(|l| !reported(l))
+                // Since `outbox_high` (DESIGN §3) the snapshot lists only held seats: a lease
+                // whose result waits in the outbox is covered by `outbox_high` instead (the mill
+                // judges it only once those events are applied).
+                // Without the pre-tick (I12) a snapshot of the step's due timers precedes the
+                // step's input, which may take a seat after it: owed are the seats held both
+                // before and after the step.
+                // Checked in full, however many leases there are.
                 {
-                    return fail(
-                        "I3",
-                        format!("x{exec}'s snapshot leaves out {missing}, which it holds (M8 would fail it)"),
-                    );
+                    let reported = |l: &LeaseId| active_leases.contains(l);
+                    let mut owed = x
+                        .reserved_leases()
+                        .chain(x.running_leases())
+                        .filter(|l| p.held_before.contains(l));
+                    if let Some(missing) = owed.find(|l| !reported(l)) {
+                        return fail(
+                            "I3",
+                            format!("x{exec}'s snapshot leaves out {missing}, which it holds (M8 would fail it)"),
+                        );
+                    }
                 }
-                if let Some(e) = p.store.outbox.iter().find(|e| e.seqno > *outbox_high) {
+                // Entries the step itself appended may follow its timers' snapshot.
+                if let Some(high) = p.outbox_before.filter(|h| h > outbox_high) {
                     return fail(
                         "I3",
                         format!(
-                            "x{exec}'s snapshot announces events up to {outbox_high}, but {} of {} is owed (M8 could judge before it arrives)",
-                            e.seqno, e.lease
+                            "x{exec}'s snapshot names outbox_high {outbox_high}, below its outbox entry {high}"
                         ),
                     );
                 }

@@ -66,11 +66,31 @@ pub enum Path {
     RestartWithPublishedLeases,
     /// A reconciling snapshot waited for events still in flight (`outbox_high`, M8).
     ReconcileAwaitedEvents,
+    /// A driver handled a deadline late: a `Tick` held behind a batch of inputs (I12).
+    LateTick,
+    /// An executor crashed after receiving a new `CommitLease` and before persisting it
+    /// (E4, M8, M29).
+    CrashBeforeCommitPersisted,
+    /// An executor came back with its epoch but without a job the mill had committed to it,
+    /// and its snapshot reached the mill while the mill still held the lease (E1, E4, M8).
+    LostCommitKeptEpoch,
+    /// A user cancelled a job while its node was disconnected; the mill sent the
+    /// `CancelAttempt` once the node was back (M26).
+    CancelResentAfterReconnect,
+    /// An event batch was applied during recovery within the last fifth of the node's grace,
+    /// or past its deadline while the mill's `Tick` was held (M5, M6, I12).
+    EventNearGraceExpiry,
+    /// A cancelled job whose engine never stopped was ended by the mill's teardown deadline
+    /// alone (M26).
+    CancelEndedByDeadline,
+    /// A re-bid charged a different amount of a resource the job's owner or repo has a quota
+    /// limit on (M14, M15).
+    ChargeChangeOnLimitedResource,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 26] = [
+    pub const ALL: [Path; 33] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -97,10 +117,18 @@ impl Path {
         Path::CrashWithResultsBehindCut,
         Path::RestartWithPublishedLeases,
         Path::ReconcileAwaitedEvents,
+        Path::LateTick,
+        Path::CrashBeforeCommitPersisted,
+        Path::LostCommitKeptEpoch,
+        Path::CancelResentAfterReconnect,
+        Path::EventNearGraceExpiry,
+        Path::CancelEndedByDeadline,
+        Path::ChargeChangeOnLimitedResource,
     ];
 
-    /// The paths issue 4 names; the coverage test requires each to be reached.
-    pub const REQUIRED: [Path; 8] = [
+    /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
+    /// the fixed seeds.
+    pub const REQUIRED: [Path; 17] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -109,6 +137,15 @@ impl Path {
         Path::UntrackedCancel,
         Path::TeardownDeadline,
         Path::RestartDeliveredUnackedResult,
+        Path::RestartWithPublishedLeases,
+        Path::ReconcileAwaitedEvents,
+        Path::LateTick,
+        Path::CrashBeforeCommitPersisted,
+        Path::LostCommitKeptEpoch,
+        Path::CancelResentAfterReconnect,
+        Path::EventNearGraceExpiry,
+        Path::CancelEndedByDeadline,
+        Path::ChargeChangeOnLimitedResource,
     ];
 
     /// Its name in reports.
@@ -140,6 +177,13 @@ impl Path {
             Path::CrashWithResultsBehindCut => "executor crash with unacked results behind a cut",
             Path::RestartWithPublishedLeases => "mill restart with published, uncommitted leases",
             Path::ReconcileAwaitedEvents => "reconcile waited for events in flight",
+            Path::LateTick => "tick delivered late (driver lag)",
+            Path::CrashBeforeCommitPersisted => "executor crash between commit and its persist",
+            Path::LostCommitKeptEpoch => "executor lost a committed job, same epoch",
+            Path::CancelResentAfterReconnect => "cancel while disconnected, sent after reconnect",
+            Path::EventNearGraceExpiry => "event applied in recovery just before grace expiry",
+            Path::CancelEndedByDeadline => "cancel ended by deadline, engine never stopped",
+            Path::ChargeChangeOnLimitedResource => "re-bid changed a quota-limited charge",
         }
     }
 
@@ -172,6 +216,13 @@ impl Path {
             Path::CrashWithResultsBehindCut => "crash-with-results-behind-cut",
             Path::RestartWithPublishedLeases => "restart-with-published-leases",
             Path::ReconcileAwaitedEvents => "reconcile-awaited-events",
+            Path::LateTick => "late-tick",
+            Path::CrashBeforeCommitPersisted => "crash-before-commit-persisted",
+            Path::LostCommitKeptEpoch => "lost-commit-kept-epoch",
+            Path::CancelResentAfterReconnect => "cancel-resent-after-reconnect",
+            Path::EventNearGraceExpiry => "event-near-grace-expiry",
+            Path::CancelEndedByDeadline => "cancel-ended-by-deadline",
+            Path::ChargeChangeOnLimitedResource => "charge-change-on-limited-resource",
         }
     }
 

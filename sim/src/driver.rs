@@ -5,18 +5,18 @@
 //! checkers shown each. A crash may land at any output boundary of a step.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use millrace_core::codec;
 use millrace_core::executor::{
-    Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot,
+    Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot, ExecutorWrite,
 };
 use millrace_core::job::{JobSpec, LogRef, TerminalStatus};
 use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::JobState;
-use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno, Time};
+use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
 
 use crate::byzantine::{ByzCtx, Byzantine};
 use crate::checkers::{Bounds, Checker, EventSummary, StepCtx, StepKind, Violation};
@@ -81,6 +81,28 @@ enum Ev {
     Heal,
     Sample,
     Deadline,
+    /// A held `Tick` is due to be released (driver lag, I12).
+    LagRelease {
+        slot: usize,
+        gen: u64,
+    },
+}
+
+/// A stretch of driver lag on one process (`Fault::Lag`).
+#[derive(Debug, Clone, Copy)]
+struct LagWindow {
+    until: Micros,
+    max_delay: Micros,
+    max_inputs: u32,
+}
+
+/// A due `Tick` a lagging driver holds back: released after `inputs_left` more inputs or at
+/// `release_at`, whichever comes first.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    inputs_left: u32,
+    release_at: Micros,
+    gen: u64,
 }
 
 struct Entry {
@@ -122,6 +144,10 @@ pub struct Stats {
     pub accepted: u64,
     /// Protocol violations the mill observed.
     pub violations: u64,
+    /// Ticks a lagging driver delivered after their deadline (I12).
+    pub late_ticks: u64,
+    /// The latest a lagging driver delivered a deadline.
+    pub max_tick_lateness: Micros,
 }
 
 /// Connect attempts give up after this long without an answer.
@@ -130,6 +156,8 @@ const CONNECT_TIMEOUT: Micros = 3 * SEC;
 const SAMPLE: Micros = 2 * SEC;
 /// An armed crash lands at the latest this long after it was armed.
 const CRASH_DEADLINE: Micros = 2 * SEC;
+/// A crash waiting for a commit lands at the latest this long after it was armed.
+pub const COMMIT_CRASH_WAIT: Micros = 60 * SEC;
 
 /// The simulation of one seed.
 pub struct Sim {
@@ -171,6 +199,21 @@ pub struct Sim {
     pub times: crate::latency::JobTimes,
     /// Exact job durations instead of the engine model's (placement-quality runs).
     pub durations: Option<crate::quality::Durations>,
+    /// Driver lag in force, by slot (0: the mill; i + 1: executor i).
+    lag: Vec<Option<LagWindow>>,
+    /// The due `Tick` each lagging driver holds back, by slot.
+    held: Vec<Option<Hold>>,
+    hold_gen: u64,
+    lag_rng: Rng,
+    /// The executor step in progress received a `CommitLease` for this lease.
+    exec_commit_input: Option<LeaseId>,
+    /// (executor, lease): commits an executor lost in a crash before persisting them, its
+    /// store (and epoch) kept.
+    lost_commits: Vec<(usize, LeaseId)>,
+    /// Leases whose job a user cancelled while their node was disconnected from the mill.
+    cancels_while_down: BTreeSet<LeaseId>,
+    /// The charge of each job's latest accepted bid, as the mill received it.
+    last_charge: BTreeMap<JobId, Resources>,
 }
 
 fn t(m: Micros) -> Time {
@@ -243,6 +286,8 @@ impl Sim {
                 connecting: None,
                 engine: BTreeMap::new(),
                 restart_at: None,
+                held_before: Default::default(),
+                outbox_before: None,
             });
         }
         let bounds = Bounds {
@@ -301,6 +346,14 @@ impl Sim {
             watch: Watch::default(),
             times: Default::default(),
             durations: None,
+            lag: vec![None; n + 1],
+            held: vec![None; n + 1],
+            hold_gen: 0,
+            lag_rng: Rng::new(seed, Purpose::Lag),
+            exec_commit_input: None,
+            lost_commits: Vec::new(),
+            cancels_while_down: BTreeSet::new(),
+            last_charge: BTreeMap::new(),
         }
     }
 
@@ -387,7 +440,9 @@ impl Sim {
                     .and_then(|m| m.next_deadline())
                     .is_some_and(|d| d.as_micros() <= now);
                 if due {
-                    self.mill_input(MillInput::Tick);
+                    if !self.hold_tick(0) {
+                        self.mill_input(MillInput::Tick);
+                    }
                 } else {
                     self.schedule_mill_tick();
                 }
@@ -402,7 +457,9 @@ impl Sim {
                     .and_then(|x| x.next_deadline())
                     .is_some_and(|d| d.as_micros() <= now);
                 if due {
-                    self.exec_input(i, ExecutorInput::Tick);
+                    if !self.hold_tick(i + 1) {
+                        self.exec_input(i, ExecutorInput::Tick);
+                    }
                 } else {
                     self.schedule_exec_tick(i);
                 }
@@ -440,6 +497,7 @@ impl Sim {
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     watch::user_cancel(&self.w, job, &mut self.cov);
+                    self.note_cancel_while_down(job);
                     let _ = self.mill_cancel(job, "cancelled by its user".into());
                 }
             }
@@ -506,6 +564,211 @@ impl Sim {
                 self.at(now + SAMPLE, Ev::Sample);
             }
             Ev::Deadline => self.stuck(),
+            Ev::LagRelease { slot, gen } => {
+                if self.held[slot].is_some_and(|h| h.gen == gen) {
+                    self.release_tick(slot);
+                }
+            }
+        }
+    }
+
+    // ---- rare-path bookkeeping -------------------------------------------------------------
+
+    /// A user cancels `job`: remembered when its lease's node is disconnected from the mill,
+    /// so that the `CancelAttempt` sent after the reconnect is counted (M26).
+    fn note_cancel_while_down(&mut self, job: JobId) {
+        let Some(m) = self.w.mill.as_ref() else {
+            return;
+        };
+        let Some(JobState::Running { lease, node }) = m.job_state(job) else {
+            return;
+        };
+        let connected = m.sessions().any(|(n, c)| *n == node && c);
+        if !connected {
+            self.cancels_while_down.insert(lease);
+        }
+    }
+
+    /// The mill is about to apply a batch from `exec`: counts it when the node is
+    /// recovering within the last fifth of its grace, or past its grace deadline while the
+    /// mill's `Tick` is held (M5, M6, I12). Call before the step; `applied` after.
+    fn grace_left(&self, exec: usize) -> Option<Micros> {
+        let m = self.w.mill.as_ref()?;
+        let node = &self.w.execs[exec].node;
+        let v = m.session_views().find(|v| v.node == node)?;
+        if !v.connected || !v.in_grace {
+            return None;
+        }
+        let deadline = v.grace_deadline?.as_micros();
+        let window = dur(self.w.mill_cfg.reconnect_grace) / 5;
+        let now = self.w.now;
+        (deadline <= now + window).then(|| deadline.saturating_sub(now))
+    }
+
+    /// The mill received an accepted bid from `exec` charging `resources`: counts a charge
+    /// that differs from the job's previous accepted bid on a resource its owner or repo has
+    /// a quota limit on (M14, M15).
+    fn note_charge(&mut self, lease: LeaseId, resources: &Resources) {
+        let Some(info) = self.w.leases.get(&lease) else {
+            return;
+        };
+        let job = info.job;
+        let Some(identity) = self
+            .w
+            .mill_store
+            .jobs
+            .get(&job)
+            .map(|r| r.spec.identity.clone())
+        else {
+            return;
+        };
+        if let Some(prev) = self.last_charge.get(&job) {
+            let quota = &self.w.mill_cfg.quota;
+            let names: BTreeSet<&String> = prev.keys().chain(resources.keys()).collect();
+            let changed_limited = names.into_iter().any(|name| {
+                prev.get(name) != resources.get(name)
+                    && millrace_core::quota::Scope::of(&identity)
+                        .iter()
+                        .any(|scope| quota.limit(scope, name).is_some())
+            });
+            if changed_limited {
+                self.cov.hit(Path::ChargeChangeOnLimitedResource);
+            }
+        }
+        self.last_charge.insert(job, resources.clone());
+    }
+
+    /// The mill's teardown deadline fired: counts each cancelled job whose engine never
+    /// stopped and which the mill has now ended (M26).
+    fn note_teardown_deadline(&mut self) {
+        let Some(m) = self.w.mill.as_ref() else {
+            return;
+        };
+        let mut hits = 0;
+        for p in &mut self.w.execs {
+            for j in p.engine.values_mut() {
+                if j.forever
+                    && !j.counted
+                    && m.job_state(j.job)
+                        .is_none_or(|s| matches!(s, JobState::Done(_)))
+                {
+                    j.counted = true;
+                    hits += 1;
+                }
+            }
+        }
+        for _ in 0..hits {
+            self.cov.hit(Path::CancelEndedByDeadline);
+        }
+    }
+
+    /// A snapshot of `exec` reaches the mill: counts each commit the executor lost in a
+    /// crash before persisting it (same epoch) that the snapshot leaves out while the mill
+    /// still holds the lease (M8 releases it, M29).
+    fn note_lost_commits(&mut self, exec: usize, active: &[LeaseId]) {
+        if self.lost_commits.iter().all(|(i, _)| *i != exec) {
+            return;
+        }
+        let Some(m) = self.w.mill.as_ref() else {
+            return;
+        };
+        let held: BTreeSet<LeaseId> = m.leases().map(|(l, ..)| l).collect();
+        let mut hits = 0;
+        self.lost_commits.retain(|(i, lease)| {
+            if *i != exec {
+                return true;
+            }
+            if held.contains(lease) && !active.contains(lease) {
+                hits += 1;
+            }
+            false
+        });
+        for _ in 0..hits {
+            self.cov.hit(Path::LostCommitKeptEpoch);
+        }
+    }
+
+    // ---- driver lag (I12) ----------------------------------------------------------------
+
+    /// A due `Tick` for `slot` (0: the mill, i + 1: executor i): a lagging driver holds it
+    /// back behind a batch of inputs, as the node's drivers do (they take up to 1–2k inputs
+    /// before a `Tick`). Returns whether it is held.
+    fn hold_tick(&mut self, slot: usize) -> bool {
+        let now = self.w.now;
+        if self.held[slot].is_some() {
+            return true;
+        }
+        let Some(lag) = self.lag[slot].filter(|l| now < l.until) else {
+            return false;
+        };
+        let inputs_left = self.lag_rng.range(1, u64::from(lag.max_inputs.max(1))) as u32;
+        let delay = self.lag_rng.range(MS, lag.max_delay.max(MS));
+        self.hold_gen += 1;
+        let gen = self.hold_gen;
+        let release_at = now + delay;
+        self.held[slot] = Some(Hold {
+            inputs_left,
+            release_at,
+            gen,
+        });
+        self.at(release_at, Ev::LagRelease { slot, gen });
+        true
+    }
+
+    /// One more input reached the process of `slot`: a held `Tick` whose batch is complete
+    /// is released right after this step (an event at the same instant, so the step's
+    /// caller still sees its own outputs).
+    fn count_held_input(&mut self, slot: usize) {
+        let now = self.w.now;
+        let Some(h) = self.held[slot].as_mut() else {
+            return;
+        };
+        if h.inputs_left == 0 {
+            return; // released already, waiting for its event
+        }
+        h.inputs_left -= 1;
+        if h.inputs_left == 0 {
+            h.release_at = now;
+            let gen = h.gen;
+            self.at(now, Ev::LagRelease { slot, gen });
+        }
+    }
+
+    /// The lagging driver of `slot` gets to its `Tick`: handled if still due (the node's
+    /// drivers check `next_deadline() <= now` too), counted when late.
+    fn release_tick(&mut self, slot: usize) {
+        let now = self.w.now;
+        self.held[slot] = None;
+        let deadline = if slot == 0 {
+            self.w.mill.as_ref().and_then(|m| m.next_deadline())
+        } else {
+            self.w.execs[slot - 1]
+                .exec
+                .as_ref()
+                .and_then(|x| x.next_deadline())
+        };
+        let Some(d) = deadline.map(|d| d.as_micros()) else {
+            return;
+        };
+        if d > now {
+            // Handled meanwhile (an executor runs due timers before any input).
+            if slot == 0 {
+                self.schedule_mill_tick();
+            } else {
+                self.schedule_exec_tick(slot - 1);
+            }
+            return;
+        }
+        let late = now - d;
+        if late > 0 {
+            self.stats.late_ticks += 1;
+            self.stats.max_tick_lateness = self.stats.max_tick_lateness.max(late);
+            self.cov.hit(Path::LateTick);
+        }
+        if slot == 0 {
+            self.mill_input(MillInput::Tick);
+        } else {
+            self.exec_input(slot - 1, ExecutorInput::Tick);
         }
     }
 
@@ -516,7 +779,8 @@ impl Sim {
     fn mill_input(&mut self, input: MillInput) -> bool {
         let traced = |s: &mut String| trace::mill_input(s, &input);
         let line = self.trace.enabled().then(|| line_of(traced));
-        self.mill_step(line, |mill, now| mill.handle(now, input))
+        let tick = matches!(input, MillInput::Tick);
+        self.mill_step(line, tick, |mill, now| mill.handle(now, input))
             .is_some()
     }
 
@@ -526,7 +790,7 @@ impl Sim {
             .trace
             .enabled()
             .then(|| line_of(|s| trace::mill_submit(s, &spec)));
-        self.mill_step(line, |mill, now| mill.submit(now, spec, at_ms))
+        self.mill_step(line, false, |mill, now| mill.submit(now, spec, at_ms))
     }
 
     /// A user's cancel, through [`Mill::cancel`]; `None` if the mill is down.
@@ -535,13 +799,15 @@ impl Sim {
             .trace
             .enabled()
             .then(|| line_of(|s| trace::mill_cancel(s, job)));
-        self.mill_step(line, |mill, now| mill.cancel(now, job, reason))
+        self.mill_step(line, false, |mill, now| mill.cancel(now, job, reason))
     }
 
-    /// One step of the mill: traces `line`, calls `f`, then acts on the outputs.
+    /// One step of the mill: traces `line`, calls `f`, then acts on the outputs. `tick`
+    /// says the step was a Tick (which does not count as an input driver lag waits for).
     fn mill_step<R>(
         &mut self,
         line: Option<String>,
+        tick: bool,
         f: impl FnOnce(&mut Mill, Time) -> R,
     ) -> Option<R> {
         let now = self.w.now;
@@ -556,6 +822,13 @@ impl Sim {
         self.stats.mill_steps += 1;
         self.after_mill_step();
         self.ctx.kind = StepKind::Other;
+        if !tick {
+            // Ticks held back by driver lag wait behind inputs (I12).
+            self.count_held_input(0);
+        }
+        if !tick {
+            self.count_held_input(0);
+        }
         Some(reply)
     }
 
@@ -615,6 +888,9 @@ impl Sim {
     }
 
     fn schedule_mill_tick(&mut self) {
+        if self.held[0].is_some() {
+            return; // the lagging driver's release ticks it
+        }
         let Some(d) = self.w.mill.as_ref().and_then(|m| m.next_deadline()) else {
             return;
         };
@@ -667,6 +943,11 @@ impl Sim {
             MillOutput::Send { conn, msg } => {
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
+                if let ToExecutor::CancelAttempt { lease, .. } = &msg {
+                    if self.cancels_while_down.remove(lease) {
+                        self.cov.hit(Path::CancelResentAfterReconnect);
+                    }
+                }
                 if let ToExecutor::ReserveSeat {
                     lease, job, spec, ..
                 } = &msg
@@ -708,6 +989,9 @@ impl Sim {
                 Observation::Rare(p) => {
                     if let Some(path) = from_rare(p) {
                         self.cov.hit(path);
+                    }
+                    if from_rare(p) == Some(Path::TeardownDeadline) {
+                        self.note_teardown_deadline();
                     }
                 }
                 Observation::Quarantined { node } => {
@@ -788,21 +1072,25 @@ impl Sim {
 
     fn exec_input(&mut self, i: usize, input: ExecutorInput) {
         let now = self.w.now;
-        if !matches!(input, ExecutorInput::Tick) {
-            let due = self.w.execs[i]
-                .exec
-                .as_ref()
-                .and_then(|x| x.next_deadline())
-                .is_some_and(|d| d.as_micros() <= now);
-            if due {
-                // Timers run in a step of their own, so each step's outputs stay in
-                // persist-before-send order.
-                self.exec_input(i, ExecutorInput::Tick);
-            }
-        }
-        let Some(x) = self.w.execs[i].exec.as_mut() else {
+        // No pre-tick: the executor runs its due timers inside `handle` (the node's driver
+        // hands it inputs the same way, and ticks only after a batch), so a step may hold
+        // the timers' outputs and the input's — group-committed below as the node does.
+        let tick = matches!(input, ExecutorInput::Tick);
+        self.exec_commit_input = match &input {
+            ExecutorInput::Message {
+                msg: ToExecutor::CommitLease { lease, .. },
+                ..
+            } => Some(*lease),
+            _ => None,
+        };
+        let p = &mut self.w.execs[i];
+        let Some(x) = p.exec.as_mut() else {
             return;
         };
+        p.held_before.clear();
+        p.held_before
+            .extend(x.reserved_leases().chain(x.running_leases()));
+        p.outbox_before = p.store.outbox.iter().map(|e| e.seqno).max();
         if self.trace.enabled() {
             let name = &self.names[i + 1];
             self.trace.line(now, name, |s| trace::exec_input(s, &input));
@@ -810,6 +1098,10 @@ impl Sim {
         x.handle(t(now), input);
         self.stats.exec_steps += 1;
         self.after_exec_step(i);
+        self.exec_commit_input = None;
+        if !tick {
+            self.count_held_input(i + 1);
+        }
     }
 
     fn after_exec_step(&mut self, i: usize) {
@@ -819,32 +1111,58 @@ impl Sim {
                 outs.push(o);
             }
         }
-        let mut persists = 0;
-        let mut effect = false;
-        for o in &outs {
-            match o {
-                ExecutorOutput::Persist(_) => {
-                    persists += 1;
-                    if effect || persists > 1 {
-                        self.violate(Violation {
-                            rule: "persist-before-send",
-                            message: format!(
-                                "x{i} emitted a Persist after another output of the same step"
-                            ),
-                        });
-                    }
-                }
-                ExecutorOutput::Connect
-                | ExecutorOutput::Send { .. }
-                | ExecutorOutput::Close { .. }
-                | ExecutorOutput::StartJob { .. }
-                | ExecutorOutput::StopJob { .. } => effect = true,
+        // Group commit, as the node's executor driver does (`flush`: every `Persist` of a
+        // batch of inputs is written before any other output is acted on, order otherwise
+        // kept). Without the pre-tick a step may carry its due timers' outputs before the
+        // input's, so a `Persist` can follow a `Send` of the same step.
+        let effect_first = outs
+            .iter()
+            .position(|o| !matches!(o, ExecutorOutput::Persist(_)));
+        let last_persist = outs
+            .iter()
+            .rposition(|o| matches!(o, ExecutorOutput::Persist(_)));
+        if let (Some(e), Some(p)) = (effect_first, last_persist) {
+            if p > e {
+                let (mut persists, rest): (Vec<_>, Vec<_>) = outs
+                    .drain(..)
+                    .partition(|o| matches!(o, ExecutorOutput::Persist(_)));
+                persists.extend(rest);
+                outs = persists;
             }
         }
-        let crash_at = self.w.execs[i].crash.map(|_| {
-            let after_persist = matches!(outs.first(), Some(ExecutorOutput::Persist(_)));
-            crash_point(&mut self.process, outs.len(), after_persist)
+        // A new commit: the step received `CommitLease` and persists it.
+        let new_commit = self.exec_commit_input.filter(|lease| {
+            outs.iter().any(|o| match o {
+                ExecutorOutput::Persist(b) => b.writes.iter().any(
+                    |w| matches!(w, ExecutorWrite::JobCommitted { lease: l, .. } if l == lease),
+                ),
+                _ => false,
+            })
         });
+        let crash_at = match self.w.execs[i].crash {
+            None => None,
+            // It waits for a commit and lands before its persist.
+            Some(plan) if plan.at_commit => new_commit.map(|_| 0),
+            Some(_) => {
+                let after_persist = matches!(outs.first(), Some(ExecutorOutput::Persist(_)));
+                Some(crash_point(&mut self.process, outs.len(), after_persist))
+            }
+        };
+        if let (Some(lease), Some(k)) = (new_commit, crash_at) {
+            let persisted_before = outs[..k.min(outs.len())].iter().any(|o| match o {
+                ExecutorOutput::Persist(b) => b.writes.iter().any(
+                    |w| matches!(w, ExecutorWrite::JobCommitted { lease: l, .. } if *l == lease),
+                ),
+                _ => false,
+            });
+            if !persisted_before {
+                self.cov.hit(Path::CrashBeforeCommitPersisted);
+                let wipe = self.w.execs[i].crash.is_some_and(|p| p.wipe);
+                if !wipe {
+                    self.lost_commits.push((i, lease));
+                }
+            }
+        }
         let mut crashed = false;
         for (k, o) in outs.drain(..).enumerate() {
             if crash_at == Some(k) {
@@ -867,6 +1185,9 @@ impl Sim {
     }
 
     fn schedule_exec_tick(&mut self, i: usize) {
+        if self.held[i + 1].is_some() {
+            return; // the lagging driver's release ticks it
+        }
         let Some(d) = self.w.execs[i]
             .exec
             .as_ref()
@@ -971,6 +1292,8 @@ impl Sim {
                         started: false,
                         stopping: false,
                         hung: false,
+                        forever: false,
+                        counted: false,
                     },
                 );
                 let r = self.c.start(&self.w, i, lease, job, &spec);
@@ -1056,8 +1379,15 @@ impl Sim {
                     return;
                 }
                 job.stopping = true;
+                let healed = self.w.healed;
                 let delay = if slow && self.engines.chance(0.7) {
                     job.hung = true;
+                    if !healed && self.engines.chance(0.3) {
+                        // It ignores the stop and the kill for good: only the mill's
+                        // teardown deadline ends the cancel (M26); the heal ends the engine.
+                        job.forever = true;
+                        return;
+                    }
                     self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC)
                 } else {
                     self.engines.range(5 * MS, 3 * SEC)
@@ -1261,6 +1591,7 @@ impl Sim {
                     }
                     Payload::ToExec(_) => return,
                 };
+                let mut near_grace = None;
                 match &msg {
                     ToMill::EventBatch { epoch, events } => {
                         self.ctx.kind = StepKind::Batch {
@@ -1269,16 +1600,41 @@ impl Sim {
                         };
                         self.ctx.events.clear();
                         self.ctx.events.extend(events.iter().map(EventSummary::of));
+                        if self.grace_left(exec).is_some() {
+                            let node = self.w.execs[exec].node.clone();
+                            near_grace = self
+                                .w
+                                .mill
+                                .as_ref()
+                                .map(|m| (node.clone(), *epoch, m.cursor(&node, *epoch)));
+                        }
                     }
                     ToMill::Snapshot { active_leases, .. } => {
                         self.w.snapshot_delivered[exec] = Some((conn, now));
                         self.ctx.kind = StepKind::Snapshot { exec };
                         self.ctx.active.clear();
                         self.ctx.active.extend_from_slice(active_leases);
+                        self.note_lost_commits(exec, active_leases);
+                    }
+                    ToMill::ReserveResult {
+                        lease,
+                        accepted: true,
+                        resources,
+                        ..
+                    } => {
+                        self.ctx.kind = StepKind::Other;
+                        let (lease, resources) = (*lease, resources.clone());
+                        self.note_charge(lease, &resources);
                     }
                     _ => self.ctx.kind = StepKind::Other,
                 }
                 self.mill_input(MillInput::Message { conn, msg });
+                if let Some((node, epoch, before)) = near_grace {
+                    let after = self.w.mill.as_ref().map(|m| m.cursor(&node, epoch));
+                    if after.is_some_and(|a| a > before) {
+                        self.cov.hit(Path::EventNearGraceExpiry);
+                    }
+                }
             }
             Packet::Fin => {
                 if c.mill_open && c.mill_inc == inc {
@@ -1468,11 +1824,38 @@ impl Sim {
                 wipe,
                 down,
                 silent,
+                at_commit,
             } => {
                 if self.w.execs[exec].exec.is_some() && self.w.execs[exec].crash.is_none() {
-                    self.w.execs[exec].crash = Some(CrashPlan { wipe, down, silent });
-                    self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Exec(exec)));
+                    self.w.execs[exec].crash = Some(CrashPlan {
+                        wipe,
+                        down,
+                        silent,
+                        at_commit,
+                    });
+                    let wait = if at_commit {
+                        COMMIT_CRASH_WAIT
+                    } else {
+                        CRASH_DEADLINE
+                    };
+                    self.at(now + wait, Ev::CrashDeadline(Proc::Exec(exec)));
                 }
+            }
+            Fault::Lag {
+                proc,
+                until,
+                max_delay,
+                max_inputs,
+            } => {
+                let slot = match proc {
+                    Proc::Mill => 0,
+                    Proc::Exec(i) => i + 1,
+                };
+                self.lag[slot] = Some(LagWindow {
+                    until,
+                    max_delay,
+                    max_inputs,
+                });
             }
             Fault::CrashMill { down, silent } => {
                 if self.w.mill.is_some() && self.w.mill_crash.is_none() {
@@ -1480,6 +1863,7 @@ impl Sim {
                         wipe: false,
                         down,
                         silent,
+                        at_commit: false,
                     });
                     self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Mill));
                 }
@@ -1524,6 +1908,7 @@ impl Sim {
         self.w.mill = None;
         self.w.mill_inc += 1;
         self.w.mill_tick_at = None;
+        self.held[0] = None;
         self.w.mill_host_down = plan.silent;
         let mut fins = Vec::new();
         for (id, c) in self.w.net.conns.iter_mut() {
@@ -1579,6 +1964,8 @@ impl Sim {
         p.inc += 1;
         p.tick_at = None;
         p.connecting = None;
+        self.held[i + 1] = None;
+        let p = &mut self.w.execs[i];
         let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
         if !killed.is_empty() {
             self.cov.hit(Path::ExecCrashWithRunningJobs);
@@ -1656,6 +2043,35 @@ impl Sim {
         }
         self.w.net.spike = 0;
         self.repump(|_| true);
+        // Drivers catch up (a held Tick still comes at its release, within its bound).
+        for l in &mut self.lag {
+            *l = None;
+        }
+        // The operator kills engines that ignored every stop.
+        for i in 0..self.w.execs.len() {
+            let inc = self.w.execs[i].inc;
+            let forever: Vec<LeaseId> = self.w.execs[i]
+                .engine
+                .iter_mut()
+                .filter(|(_, j)| j.forever)
+                .map(|(l, j)| {
+                    j.forever = false;
+                    *l
+                })
+                .collect();
+            for lease in forever {
+                let at = now + self.engines.range(5 * MS, 3 * SEC);
+                self.at(
+                    at,
+                    Ev::EngineExit {
+                        exec: i,
+                        inc,
+                        lease,
+                        how: Exit::Stopped,
+                    },
+                );
+            }
+        }
         self.w.mill_crash = None;
         if self.w.mill.is_none() {
             self.restart_mill();

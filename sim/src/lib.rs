@@ -4,9 +4,13 @@
 //! and a workload — through the very state machines production runs (`millrace_core`), on a
 //! virtual clock, in a single thread. The seed picks which fault families are on (swarm
 //! testing) and a fault plan (partitions, clogs, latency spikes, resets, crashes at any output
-//! boundary, disk wipes, mill restarts, misbehaving executors). Checkers (I1–I10) watch every
-//! step; after the fault window the network heals and every job must end (liveness). A
-//! failing seed replays byte for byte: the trace hash is the proof.
+//! boundary or between a commit's receipt and its persist, disk wipes, mill restarts,
+//! misbehaving executors, engines that ignore stops, and driver lag: Ticks held behind
+//! batches of inputs so deadlines are handled late, as the node's drivers do, I12). There is
+//! no pre-tick: an executor runs its due timers inside `handle`, and a step's `Persist`
+//! outputs are group-committed before its other outputs, as the node's drivers do. Checkers
+//! watch every step; after the fault window the network heals and every job must end
+//! (liveness). A failing seed replays byte for byte: the trace hash is the proof.
 //!
 //! Modules: `rng` (seeded streams), `scenario` (scenarios, swarm, fault plan),
 //! `scenario_file` (the TOML scenario library in `scenarios/`), `watch` (scenario-targeted

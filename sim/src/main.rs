@@ -199,11 +199,14 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
     let mut coverage = Coverage::default();
     let mut sim_time: u64 = 0;
     let mut accepted: u64 = 0;
+    let (mut late_ticks, mut max_late) = (0u64, 0u64);
     for seed in start..end {
         let o = sim::run_fast(s, seed);
         coverage.add(&o.coverage);
         sim_time += o.end;
         accepted += o.stats.accepted;
+        late_ticks += o.stats.late_ticks;
+        max_late = max_late.max(o.stats.max_tick_lateness);
         bar.inc(1);
         if o.failure.is_some() {
             bar.abandon();
@@ -225,6 +228,10 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
         sim_time as f64 / SEC as f64 / wall.max(1e-9)
     );
     out!("  jobs accepted: {accepted}");
+    out!(
+        "  driver lag (I12): {late_ticks} ticks late, the latest by {:.3}s",
+        max_late as f64 / SEC as f64
+    );
     out!("  rare paths (* = required):");
     let _ = write!(std::io::stdout(), "{coverage}");
     let missed: Vec<&str> = s

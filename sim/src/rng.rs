@@ -24,6 +24,8 @@ pub enum Purpose {
     Byzantine = 6,
     /// Where in a step a crash lands, new epochs, backoff seeds.
     Process = 7,
+    /// How long a lagging driver holds each due `Tick` (I12).
+    Lag = 8,
 }
 
 /// A seeded generator for one purpose, with the few distributions the simulator needs.

@@ -44,11 +44,13 @@ pub enum Family {
     Quota,
     /// Invalid submits (must be refused with nothing stored).
     InvalidSubmit,
+    /// Drivers that batch inputs before a `Tick`: deadlines handled late (I12).
+    DriverLag,
 }
 
 impl Family {
     /// Every family, in a fixed order.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; Family::COUNT] = [
         Family::Partition,
         Family::OneWay,
         Family::Spike,
@@ -61,7 +63,11 @@ impl Family {
         Family::Cancel,
         Family::Quota,
         Family::InvalidSubmit,
+        Family::DriverLag,
     ];
+
+    /// How many families there are.
+    pub const COUNT: usize = 13;
 
     /// A short name for reports.
     pub fn name(self) -> &'static str {
@@ -78,6 +84,7 @@ impl Family {
             Family::Cancel => "cancel",
             Family::Quota => "quota",
             Family::InvalidSubmit => "invalid-submit",
+            Family::DriverLag => "driver-lag",
         }
     }
 }
@@ -120,11 +127,11 @@ pub struct Scenario {
     /// Fraction of messages round-tripped through the wire codec.
     pub codec_fraction: f64,
     /// Family modes, by `Family::ALL` index.
-    pub modes: [Mode; 12],
+    pub modes: [Mode; Family::COUNT],
     /// Timers three times tighter than production's, so that timeouts race messages.
     pub tight: bool,
     /// Fixed intensities, by `Family::ALL` index (`None`: drawn from the seed).
-    pub intensity: [Option<f64>; 12],
+    pub intensity: [Option<f64>; Family::COUNT],
     /// An explicit fleet (`None`: drawn from `executors` and `seats`).
     pub fleet: Option<Vec<ExecTemplate>>,
     /// Workload knobs that override what the swarm would pick.
@@ -314,14 +321,14 @@ pub fn scenario(name: &str) -> Option<Scenario> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Swarm {
     /// By `Family::ALL` index; `None` is off.
-    pub on: [Option<f64>; 12],
+    pub on: [Option<f64>; Family::COUNT],
 }
 
 impl Swarm {
     /// Draws the swarm for a seed: `On` families always, `Swarm` families with probability
     /// one half; at least one `Swarm` family stays off.
     pub fn draw(scenario: &Scenario, rng: &mut Rng) -> Swarm {
-        let mut on = [None; 12];
+        let mut on = [None; Family::COUNT];
         let mut swarmed = Vec::new();
         for f in Family::ALL {
             let drawn = 0.15 + 0.85 * rng.unit();
@@ -437,6 +444,9 @@ pub enum Fault {
         down: Micros,
         /// The host dies with it (no FIN reaches the peer).
         silent: bool,
+        /// The crash waits for a step that received a new `CommitLease` and lands before
+        /// the commit is persisted (at the latest `COMMIT_CRASH_WAIT` after it was armed).
+        at_commit: bool,
     },
     /// Crash the mill at its next output boundary; it restarts from its store after `down`.
     CrashMill {
@@ -444,6 +454,19 @@ pub enum Fault {
         down: Micros,
         /// The host dies with it (no FIN reaches the peers).
         silent: bool,
+    },
+    /// The process's driver batches inputs before its `Tick` until `until` (I12): a due
+    /// `Tick` waits behind up to `max_inputs` more inputs or `max_delay`, whichever ends
+    /// first (the node's drivers take up to 1–2k inputs per step).
+    Lag {
+        /// The process.
+        proc: Proc,
+        /// When its driver catches up again.
+        until: Micros,
+        /// The longest a due `Tick` waits.
+        max_delay: Micros,
+        /// The largest batch of inputs a due `Tick` waits behind.
+        max_inputs: u32,
     },
 }
 
@@ -484,11 +507,17 @@ impl fmt::Display for Fault {
                 wipe,
                 down,
                 silent,
+                at_commit,
             } => write!(
                 f,
-                "crash x{exec}{}{} for {}",
+                "crash x{exec}{}{}{} for {}",
                 if *wipe { " (wipe store)" } else { "" },
                 if *silent { " (host)" } else { "" },
+                if *at_commit {
+                    " (at a commit, before it is persisted)"
+                } else {
+                    ""
+                },
                 secs(*down)
             ),
             Fault::CrashMill { down, silent } => write!(
@@ -496,6 +525,17 @@ impl fmt::Display for Fault {
                 "crash mill{} for {}",
                 if *silent { " (host)" } else { "" },
                 secs(*down)
+            ),
+            Fault::Lag {
+                proc,
+                until,
+                max_delay,
+                max_inputs,
+            } => write!(
+                f,
+                "driver lag {proc} (ticks up to {} or {max_inputs} inputs late) until {}",
+                secs(*max_delay),
+                secs(*until)
             ),
         }
     }
@@ -597,13 +637,18 @@ impl FaultPlan {
                 } else {
                     rng.range(100 * MS, 20 * SEC)
                 };
+                let exec = rng.index(executors);
+                let silent = rng.chance(0.4);
                 faults.push((
                     start,
                     Fault::CrashExec {
-                        exec: rng.index(executors),
+                        exec,
                         wipe: false,
                         down,
-                        silent: rng.chance(0.4),
+                        silent,
+                        // A third of them wait for a commit: the executor loses a job the
+                        // mill committed while keeping its epoch (E4, M8, M29).
+                        at_commit: rng.chance(0.35),
                     },
                 ));
             }
@@ -618,6 +663,7 @@ impl FaultPlan {
                         wipe: true,
                         down: rng.range(100 * MS, 30 * SEC),
                         silent: rng.chance(0.4),
+                        at_commit: false,
                     },
                 ));
             }
@@ -632,6 +678,44 @@ impl FaultPlan {
                         silent: rng.chance(0.4),
                     },
                 ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::DriverLag) {
+            // The mill's driver lags in most lagging seeds; executors' drivers now and then.
+            let mut procs = Vec::new();
+            if rng.chance(0.8) {
+                procs.push(Proc::Mill);
+            }
+            for x in 0..executors {
+                if rng.chance(0.5 * i) {
+                    procs.push(Proc::Exec(x));
+                }
+            }
+            if procs.is_empty() {
+                procs.push(Proc::Mill);
+            }
+            for proc in procs {
+                // One long stretch of lag (most of the window) or a few shorter ones.
+                let stretches = if rng.chance(0.5) { 1 } else { rng.range(2, 5) };
+                for _ in 0..stretches {
+                    let start = rng.range(0, window / 2);
+                    let len = if stretches == 1 {
+                        window - start
+                    } else {
+                        rng.range(10 * SEC, 60 * SEC)
+                    };
+                    let max_delay = rng.range(20 * MS, MS + (3000.0 * i) as Micros * MS);
+                    let max_inputs = rng.range(1, 2 + (2000.0 * i) as u64) as u32;
+                    faults.push((
+                        start,
+                        Fault::Lag {
+                            proc,
+                            until: clamp(start + len),
+                            max_delay,
+                            max_inputs,
+                        },
+                    ));
+                }
             }
         }
         faults.sort_by_key(|(t, _)| *t);

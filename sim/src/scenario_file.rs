@@ -24,8 +24,8 @@ use millrace_core::Resources;
 use crate::byzantine::ByzKind;
 use crate::coverage::Path;
 use crate::scenario::{
-    ConfigOverrides, ExecTemplate, Expect, Family, Fault, Knobs, Micros, Mode, Scenario, MS, RULES,
-    SEC,
+    ConfigOverrides, ExecTemplate, Expect, Family, Fault, Knobs, Micros, Mode, Proc, Scenario, MS,
+    RULES, SEC,
 };
 
 mod embedded_files {
@@ -267,6 +267,10 @@ struct FaultDoc {
     flap: Option<Spanned<String>>,
     period: Option<Spanned<Dur>>,
     down: Option<Dur>,
+    at_commit: Option<bool>,
+    lag: Option<Spanned<String>>,
+    max_delay: Option<Spanned<Dur>>,
+    max_inputs: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -607,17 +611,17 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
 
     // Faults.
     let fd = doc.faults;
-    let mut modes = [Mode::Off; 12];
+    let mut modes = [Mode::Off; Family::COUNT];
     for (k, f) in fd.on.iter().enumerate() {
         if f.get_ref() == "all" {
-            modes = [Mode::On; 12];
+            modes = [Mode::On; Family::COUNT];
         } else {
             modes[family(cx, f, &format!("faults.on[{k}]"))? as usize] = Mode::On;
         }
     }
     for (k, f) in fd.swarm.iter().enumerate() {
         if f.get_ref() == "all" {
-            modes = [Mode::Swarm; 12];
+            modes = [Mode::Swarm; Family::COUNT];
         } else {
             let fam = family(cx, f, &format!("faults.swarm[{k}]"))?;
             if modes[fam as usize] == Mode::On {
@@ -630,7 +634,7 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
             modes[fam as usize] = Mode::Swarm;
         }
     }
-    let mut intensity = [None; 12];
+    let mut intensity = [None; Family::COUNT];
     for (fam, v) in &fd.intensity {
         let field = format!("faults.intensity.{fam}");
         let spanned = Spanned::new(v.span(), fam.clone());
@@ -928,9 +932,10 @@ fn build_fleet(cx: &Ctx<'_>, groups: &[GroupDoc]) -> Result<Vec<ExecTemplate>, L
 
 fn fault_end(at: Micros, f: &Fault) -> Micros {
     match f {
-        Fault::Partition { until, .. } | Fault::Clog { until, .. } | Fault::Spike { until, .. } => {
-            *until
-        }
+        Fault::Partition { until, .. }
+        | Fault::Clog { until, .. }
+        | Fault::Spike { until, .. }
+        | Fault::Lag { until, .. } => *until,
         Fault::Reset { .. } => at,
         Fault::CrashExec { down, .. } | Fault::CrashMill { down, .. } => at + down,
     }
@@ -967,6 +972,7 @@ fn build_fault(
         f.crash.is_some(),
         f.wipe.is_some(),
         f.flap.is_some(),
+        f.lag.is_some(),
     ]
     .iter()
     .filter(|x| **x)
@@ -976,7 +982,7 @@ fn build_fault(
             Some(span),
             format!("faults.script[{k}]"),
             format!(
-                "name exactly one of partition, clog, spike, reset, crash, wipe, flap ({actions} given)"
+                "name exactly one of partition, clog, spike, reset, crash, wipe, flap, lag ({actions} given)"
             ),
         ));
     }
@@ -1060,6 +1066,13 @@ fn build_fault(
     if let Some(n) = &f.crash {
         let down = f.restart_after.map_or(5 * SEC, |d| d.0.max(MS));
         if n.get_ref() == "mill" {
+            if f.at_commit.is_some() {
+                return Err(cx.err(
+                    Some(span),
+                    field("at_commit"),
+                    "only an executor's crash can wait for a commit",
+                ));
+            }
             return Ok(vec![(at, Fault::CrashMill { down, silent })]);
         }
         return Ok(vec![(
@@ -1069,6 +1082,34 @@ fn build_fault(
                 wipe: false,
                 down,
                 silent,
+                at_commit: f.at_commit.unwrap_or(false),
+            },
+        )]);
+    }
+    if let Some(n) = &f.lag {
+        let proc = if n.get_ref() == "mill" {
+            Proc::Mill
+        } else {
+            Proc::Exec(exec(n, "lag")?)
+        };
+        let until = at + length("driver lag")?;
+        let max_delay = match &f.max_delay {
+            None => 2 * SEC,
+            Some(d) if d.get_ref().0 > 0 => d.get_ref().0,
+            Some(d) => return Err(cx.err(Some(&d.span()), field("max_delay"), "must be positive")),
+        };
+        let max_inputs = match &f.max_inputs {
+            None => 1000,
+            Some(k) if *k.get_ref() > 0 => *k.get_ref(),
+            Some(k) => return Err(cx.err(Some(&k.span()), field("max_inputs"), "at least 1")),
+        };
+        return Ok(vec![(
+            at,
+            Fault::Lag {
+                proc,
+                until,
+                max_delay,
+                max_inputs,
             },
         )]);
     }
@@ -1081,6 +1122,7 @@ fn build_fault(
                 wipe: true,
                 down,
                 silent,
+                at_commit: false,
             },
         )]);
     }

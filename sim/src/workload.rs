@@ -92,10 +92,15 @@ impl Workload {
         let quota = match quota_on {
             Some(q) => {
                 let jobs = 2 + ((1.0 - q) * 6.0) as u64;
+                // A limit on every resource an executor charges (the job's own, and the
+                // `disk_mb` some executors add, M14), so a charge that changes between bids
+                // counts against quota (M15).
                 QuotaConfig {
                     owner_defaults: Resources::from([
                         ("jobs".to_string(), jobs),
                         ("cpu_millis".to_string(), 6000),
+                        ("memory_mb".to_string(), 12_288),
+                        ("disk_mb".to_string(), 4 + ((1.0 - q) * 4.0) as u64),
                     ]),
                     repo_defaults: Resources::from([("jobs".to_string(), jobs.max(2) - 1)]),
                     owner_overrides: BTreeMap::from([(

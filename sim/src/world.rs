@@ -22,6 +22,9 @@ pub struct CrashPlan {
     pub down: Micros,
     /// The host dies too: no FIN reaches the peers.
     pub silent: bool,
+    /// It lands only in a step that received a new `CommitLease`, before the commit is
+    /// persisted (or at its deadline, wherever the process is).
+    pub at_commit: bool,
 }
 
 /// A job the engine of an executor runs.
@@ -36,6 +39,11 @@ pub struct EngineJob {
     /// It ignores the stop and hangs until its (late) stopped exit: it will not run out
     /// by itself either.
     pub hung: bool,
+    /// It ignores the stop and the kill for good: no exit is scheduled; only the heal (an
+    /// operator) or its executor's crash ends it (M26: the mill's deadlines end the cancel).
+    pub forever: bool,
+    /// Counted once as a cancel ended by the mill's deadline alone.
+    pub counted: bool,
 }
 
 /// One executor process and everything around it.
@@ -65,6 +73,13 @@ pub struct ExecProc {
     pub engine: BTreeMap<LeaseId, EngineJob>,
     /// When it is due back up, while down.
     pub restart_at: Option<Micros>,
+    /// The seats (reserved or running) it held before the step in progress: a message of
+    /// the step's due timers precedes its input, which may take or free seats (I3's snapshot
+    /// check owes only seats held before and after).
+    pub held_before: std::collections::BTreeSet<LeaseId>,
+    /// The highest seqno in its durable outbox before the step in progress (the same
+    /// reason: a timer's snapshot precedes the events the step's input appends).
+    pub outbox_before: Option<millrace_core::Seqno>,
 }
 
 impl ExecProc {

@@ -147,7 +147,7 @@ fn the_twelve_situations_of_issue_6_each_have_a_scenario_that_requires_its_count
     // Each situation issue 6 names, the file that targets it and the counter that says it
     // happened. Dropping the file, or the counter from its `expect.reach` (so that the
     // scenario would pass without reaching it), fails here.
-    const REQUIRED: [(&str, &str); 13] = [
+    const REQUIRED: [(&str, &str); 21] = [
         ("exec-crash-midrun", "exec-crash-with-running-jobs"),
         ("partition-during-commit", "partition-during-commit"),
         ("partition-during-cancel", "cancel-while-partitioned"),
@@ -161,6 +161,15 @@ fn the_twelve_situations_of_issue_6_each_have_a_scenario_that_requires_its_count
         ("reconnect-storm", "reconnect-storm"),
         ("slow-teardown", "teardown-deadline"),
         ("label-placement", "label-constrained-placement"),
+        // Issue 10.
+        ("mill-restart-leases", "restart-with-published-leases"),
+        ("driver-lag", "late-tick"),
+        ("driver-lag", "event-near-grace-expiry"),
+        ("commit-crash", "crash-before-commit-persisted"),
+        ("commit-crash", "lost-commit-kept-epoch"),
+        ("partition-during-cancel", "cancel-resent-after-reconnect"),
+        ("slow-teardown", "cancel-ended-by-deadline"),
+        ("quota-contention", "charge-change-on-limited-resource"),
     ];
     let all = scenario_file::embedded().unwrap();
     for (name, key) in REQUIRED {

@@ -697,6 +697,7 @@ impl Mill {
         }
         self.job_seat_released(&l.node, l.job);
         self.persist(MillWrite::LeaseDelete { lease });
+        self.withdraw_commit(lease);
         self.release_quota(l.job, true);
         match terminal {
             // The release above left the job neither holding nor waiting (Q3).
@@ -704,6 +705,30 @@ impl Mill {
             None => self.requeue(l.job),
         }
         self.wake_placement();
+    }
+
+    /// M16: a `CommitLease` queued in this step has not gone out yet (a step's outputs follow
+    /// its `Persist`), so a lease ended in the step that published it is never committed. A
+    /// late `Tick` (I12) fires a bid's end and the job's timeout (or its node's grace) together;
+    /// without this, the commit of a lease whose deletion is in the same batch would start a
+    /// job the mill has already ended. A commit that went out in an earlier step is not
+    /// affected: the caller stops that one with a cancel (M26).
+    fn withdraw_commit(&mut self, lease: LeaseId) {
+        let mut k = self.step_start;
+        while k < self.out.len() {
+            let queued = matches!(
+                &self.out[k],
+                MillOutput::Send {
+                    msg: ToExecutor::CommitLease { lease: l, .. },
+                    ..
+                } if *l == lease
+            );
+            if queued {
+                self.out.remove(k);
+            } else {
+                k += 1;
+            }
+        }
     }
 
     fn add_lease(&mut self, id: LeaseId, lease: Lease) {

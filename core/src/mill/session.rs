@@ -414,6 +414,25 @@ impl Mill {
             return;
         }
         let recovered = s.ready();
+        if !recovered && s.conn.is_some() && s.awaiting_events.is_some() {
+            // M5, M6, I3: back within grace, and its snapshot announced events still in
+            // flight (`outbox_high`): a result may be among them, and judging now would record
+            // "executor lost" for a job that finished. Wait for them as M6 waits while events
+            // arrive: a `silence_timeout` at a time (a live session delivers within it, M9), and
+            // never past twice `reconnect_grace` from the start of the recovery (I9).
+            let cap = s
+                .recovery_since
+                .unwrap_or(fired)
+                .plus(self.config.reconnect_grace * 2);
+            let due = self.now.plus(self.config.silence_timeout).min(cap);
+            if due > self.now {
+                if let Some(s) = self.sessions.get_mut(&node) {
+                    s.grace = Some(due);
+                }
+                self.arm(due, Timer::Grace(node));
+                return;
+            }
+        }
         if !recovered && s.conn.is_some() && s.reconciled {
             // Back and reconciled, only its cancel acks are due: wait for them (M6: never
             // shorten), but no longer. A missed ack closes the session (M26) and this

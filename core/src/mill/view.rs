@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::Mill;
-use crate::types::{Epoch, NodeId};
+use crate::types::{Epoch, NodeId, Time};
 
 /// One executor session as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub struct SessionView<'a> {
     pub ready: bool,
     /// It is in grace: disconnected or recovering, its leases kept (M4–M6).
     pub in_grace: bool,
+    /// When its grace runs out, while in grace (M5, M6). A driver that handles deadlines
+    /// late (I12) may see it in the past until its next `Tick`.
+    pub grace_deadline: Option<Time>,
     /// Labels it holds.
     pub labels: &'a BTreeSet<String>,
     /// Engines it offers.
@@ -38,6 +41,7 @@ impl Mill {
             connected: s.conn.is_some(),
             ready: s.ready(),
             in_grace: s.grace.is_some(),
+            grace_deadline: s.grace,
             labels: &s.labels,
             engines: &s.engines,
             capacity: s

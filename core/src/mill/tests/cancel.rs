@@ -158,3 +158,31 @@ fn m27_a_session_with_a_pending_cancel_takes_no_new_work() {
     h.msg(a, ToMill::CancelAck { lease });
     assert_eq!(h.asks(a).len(), 1);
 }
+
+#[test]
+fn m16_a_lease_ended_in_the_step_that_published_it_is_never_committed() {
+    // A late Tick (I12) fires a bid's end and the job's timeout (M18) together: the lease is
+    // published and ended in one step, so its deletion is in the very batch that holds it,
+    // and its CommitLease must not go out (the job has already ended).
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.5);
+    let bid = h.mill.config().bid_timeout;
+    let mut s = spec();
+    s.timeout = Some(bid * 2);
+    let job = h.submit(s);
+    let lb = h.asks(b)[0];
+    assert_eq!(h.asks(a).len(), 1);
+    h.accept(b, lb, charge(&[("jobs", 1)]));
+    assert!(h.commits(b).is_empty(), "a better-ranked ask is still open");
+    // One Tick, late: past the ask's deadline (b wins, M12) and past the job's timeout.
+    h.now = h.now.plus(bid * 3);
+    h.input(MillInput::Tick).unwrap();
+    let all = h.all.clone();
+    let committed = all.iter().any(|o| {
+        matches!(o, MillOutput::Send { msg: ToExecutor::CommitLease { lease, .. }, .. } if *lease == lb)
+    });
+    assert!(!committed, "{:?}", h.out);
+    assert!(!h.store.leases.contains_key(&lb));
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Timeout);
+}

@@ -531,3 +531,45 @@ fn m5_a_lease_of_a_replaced_store_whose_commit_never_left_is_placed_again() {
         h.mill.job_state(job)
     );
 }
+
+#[test]
+fn m5_grace_waits_for_events_a_reconnected_snapshot_announced() {
+    // The node comes back just before its grace runs out; its snapshot announces a result
+    // still in flight (outbox_high). Grace expiring before that batch lands must not record
+    // "executor lost" for a job that finished (I3): the mill waits for the events (M6).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let grace = h.mill.config().reconnect_grace;
+    h.advance(grace - Duration::from_millis(100));
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 1);
+    h.advance(Duration::from_millis(200));
+    assert!(
+        h.terminal_of(job).is_none(),
+        "judged lost with its result in flight"
+    );
+    h.events(
+        again,
+        1,
+        vec![(1, lease, terminal(TerminalStatus::Success))],
+    );
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Success);
+}
+
+#[test]
+fn m5_grace_waits_for_announced_events_at_most_twice_reconnect_grace() {
+    // Events announced but never delivered do not keep the node's leases forever (I9).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, _lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let grace = h.mill.config().reconnect_grace;
+    h.advance(grace - Duration::from_millis(100));
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 1);
+    h.advance(grace + Duration::from_millis(200));
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.error.as_deref(), Some("executor lost"));
+}
