@@ -442,10 +442,16 @@ impl Sim {
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     watch::user_cancel(&self.w, job, &mut self.cov);
-                    let _ = self.mill_input(MillInput::Cancel {
+                    let before = self.w.mill.as_ref().and_then(|m| m.job_state(job));
+                    let inc = self.w.mill_inc;
+                    let r = self.mill_input(MillInput::Cancel {
                         job,
                         reason: "cancelled by its user".into(),
                     });
+                    // Accepted: answered Ok by a mill that did not crash in that step (I11).
+                    if matches!(r, Some(Ok(_))) && self.w.mill_inc == inc {
+                        self.c.cancel_accepted(&self.w, job, before);
+                    }
                 }
             }
             Ev::Fault(k) => {
@@ -1323,6 +1329,9 @@ impl Sim {
                 };
                 if let Some(b) = self.w.execs[exec].byz.as_mut() {
                     b.incoming(now, conn, &msg, &mut self.byz);
+                }
+                if let ToExecutor::CancelAttempt { lease, .. } = &msg {
+                    self.c.cancel_delivered(exec, *lease, now);
                 }
                 self.exec_input(exec, ExecutorInput::Message { conn, msg });
             }

@@ -441,15 +441,16 @@ impl Mill {
                 if l.epoch == epoch {
                     continue;
                 }
-                let state = l.state;
+                let (state, commit_out) = (l.state, l.commit_out);
                 self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
-                match state {
-                    super::LeaseState::Running => {
-                        self.fail_lease(id, "executor lost (its store was replaced)".into())
-                    }
-                    // Never committed: nothing of it can have run past the old process's
-                    // self-fencing, so it is placed again.
-                    super::LeaseState::Reserved => self.end_lease(id, None),
+                // A reserved lease whose commit went out (M16; every restored lease counts,
+                // M29) may have run on the old process, even to its end, with the result
+                // lost in the wipe: placing it again would run it twice (I1). Only a lease
+                // never committed is placed again.
+                if state == super::LeaseState::Running || commit_out {
+                    self.fail_lease(id, "executor lost (its store was replaced)".into());
+                } else {
+                    self.end_lease(id, None);
                 }
             }
             if let Some(s) = self.sessions.get_mut(&node) {
@@ -556,6 +557,10 @@ impl Mill {
                 if let Some(s) = self.sessions.get_mut(node) {
                     s.awaiting_events = Some((active.into_iter().collect(), outbox_high));
                 }
+                // M6, I3: the node is back within grace and its announced events are in
+                // flight on this connection: grace must not run out before they land
+                // (still capped at twice reconnect_grace from the start of the recovery).
+                self.extend_grace(node);
                 self.observe(Observation::Rare(RarePath::ReconcileAwaitedEvents));
             } else {
                 self.reconcile(node, active.into_iter().collect());

@@ -478,3 +478,55 @@ fn m5_a_node_back_with_a_wiped_store_takes_work_and_its_old_leases_fail_after_gr
         Some(JobState::Running { .. })
     ));
 }
+
+#[test]
+fn m5_a_published_lease_of_a_wiped_store_fails_at_grace_and_is_not_placed_again() {
+    // The commit went out and the old process ran the job (its Running event never
+    // arrived); then its store was wiped. Re-queuing the job would run it twice (I1).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let job = h.submit(spec());
+    let ask = h.asks(conn)[0];
+    h.accept(conn, ask, charge(&[("jobs", 1)]));
+    assert_eq!(h.commits(conn), vec![ask]);
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(5 * SEC);
+    let wiped = h.hello_as("a", 2, &[]);
+    h.snapshot(wiped, 0.1, &[]);
+    h.keep_alive(wiped, 41 * SEC, &[]);
+    let t = h.terminal_of(job).expect("failed once grace ran out");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert_eq!(
+        t.error.as_deref(),
+        Some("executor lost (its store was replaced)")
+    );
+    assert!(
+        !h.updates().contains(&(job, JobState::Queued)),
+        "a job whose commit went out is never queued again"
+    );
+}
+
+#[test]
+fn m6_a_snapshot_awaiting_announced_events_extends_grace_so_the_result_lands() {
+    // Back just before grace runs out, with a finished job's terminal in flight behind
+    // its snapshot: grace may not expire between the snapshot and the events (I3).
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (job, lease) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    h.advance(44 * SEC);
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot_marked(again, engines(true, 0.0), &[], 1);
+    assert!(h.rare(RarePath::ReconcileAwaitedEvents));
+    h.advance(2 * SEC);
+    assert!(
+        h.terminal_of(job).is_none(),
+        "grace ran out while the announced events were in flight"
+    );
+    h.events(
+        again,
+        1,
+        vec![(1, lease, terminal(TerminalStatus::Success))],
+    );
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Success);
+}
