@@ -1304,9 +1304,12 @@ impl Checker {
         if let (Some((exec, lease)), Some(m)) = (target, &w.mill) {
             let p = &w.execs[exec];
             let epoch = self.leases.get(&lease).map(|r| r.epoch);
+            // The mill sends the cancel at once when the node's session is connected and
+            // recovered (M26); `ready` would also demand no pending cancel, which this very
+            // cancel has just made true.
             let ready = m
                 .session_views()
-                .any(|v| v.node == &p.node && v.ready && Some(v.epoch) == epoch);
+                .any(|v| v.node == &p.node && v.connected && !v.in_grace && Some(v.epoch) == epoch);
             let conns: Vec<ConnId> = w
                 .net
                 .conns
