@@ -1,4 +1,5 @@
-//! Invariant checkers I1–I10 (DESIGN §7), plus the persist-before-send discipline.
+//! Invariant checkers I1–I11 (DESIGN §7), plus the persist-before-send discipline and the
+//! rule that every seat an executor reserved is known to the mill (`reservations-known`).
 //!
 //! A [`Checker`] reads the world through shared references only: it never changes a process.
 //! The driver feeds it what happened, in output order (a durable write, a message leaving a
@@ -109,13 +110,40 @@ impl Default for StepCtx {
     }
 }
 
-/// What an engine did with one lease.
+/// What an engine did with one lease: one execution of a job (I1 counts these).
 #[derive(Debug, Clone)]
 struct EngineRun {
     exec: usize,
     job: JobId,
+    /// The executor's epoch when it started the job.
+    epoch: Epoch,
+    /// When `StartJob` reached the engine.
+    start: Micros,
     /// Exit time, and whether it ran to success by itself.
     exited: Option<(Micros, bool)>,
+}
+
+/// A terminal an executor persisted for a lease (E5): what its engine produced, or what
+/// the executor decided (a stop it asked for, self-fencing, a restart).
+#[derive(Debug, Clone, Copy)]
+struct ResultRec {
+    at: Micros,
+    seqno: Seqno,
+    status: TerminalStatus,
+    exit_code: Option<i32>,
+}
+
+/// A cancel the mill accepted (I11).
+#[derive(Debug, Clone)]
+struct CancelRec {
+    at: Micros,
+    /// The mill's incarnation when it accepted it.
+    mill_inc: u32,
+    /// The executor and lease the job was leased to when the cancel was accepted.
+    target: Option<(usize, LeaseId)>,
+    /// When the engine run must have stopped, if the node was connected and ready then:
+    /// `at + cancel_ack_timeout + stop_grace`, with the connections it could ack on.
+    deadline: Option<(Micros, Vec<ConnId>)>,
 }
 
 /// A durable lease, as the checker saw it written.
@@ -199,10 +227,20 @@ pub struct Checker {
     cursors: BTreeMap<(usize, Epoch), Seqno>,
     /// Events each executor appended, per epoch, index = seqno − 1.
     history: BTreeMap<(usize, Epoch), Vec<Event>>,
-    /// When each executor persisted a lease's terminal: (exec, epoch, lease) → time.
-    result_at: BTreeMap<(usize, Epoch, LeaseId), Micros>,
+    /// Each executor's persisted terminal of a lease: (exec, epoch, lease) → what and when.
+    results: BTreeMap<(usize, Epoch, LeaseId), ResultRec>,
     committed: BTreeSet<(usize, Epoch, LeaseId)>,
     runs: BTreeMap<LeaseId, EngineRun>,
+    /// Every engine start of each job, in start order (I1).
+    job_runs: BTreeMap<JobId, Vec<LeaseId>>,
+    /// Cancels the mill accepted, by job (I11).
+    cancels: BTreeMap<JobId, CancelRec>,
+    /// When an executor first received a `CancelAttempt` for a lease (I11).
+    cancel_seen: BTreeMap<(usize, LeaseId), Micros>,
+    /// The connection and mill incarnation each `ReserveSeat` went out on.
+    ask_conn: BTreeMap<LeaseId, (ConnId, u32)>,
+    /// Leases the mill sent a `ReleaseLease` or `CancelAttempt` for.
+    let_go: BTreeSet<LeaseId>,
     /// Leases an engine runs now.
     running: BTreeSet<LeaseId>,
     stopped: BTreeSet<LeaseId>,
@@ -230,9 +268,14 @@ impl Checker {
             ended: BTreeMap::new(),
             cursors: BTreeMap::new(),
             history: BTreeMap::new(),
-            result_at: BTreeMap::new(),
+            results: BTreeMap::new(),
             committed: BTreeSet::new(),
             runs: BTreeMap::new(),
+            job_runs: BTreeMap::new(),
+            cancels: BTreeMap::new(),
+            cancel_seen: BTreeMap::new(),
+            ask_conn: BTreeMap::new(),
+            let_go: BTreeSet::new(),
             running: BTreeSet::new(),
             stopped: BTreeSet::new(),
             not_held_since: BTreeMap::new(),
@@ -419,9 +462,11 @@ impl Checker {
                 );
             }
         }
+        self.i11_terminal(w, job, t, exec)?;
         let (Some(lease), Some(exec)) = (t.lease, exec) else {
             return Ok(());
         };
+        self.i3_applied_result(w, job, t, exec, lease, ctx)?;
         // I3: a terminal the executor reported is recorded with the engine's status.
         if let StepKind::Batch { exec: from, .. } = ctx.kind {
             if from == exec && w.execs[exec].honest() {
@@ -473,7 +518,7 @@ impl Checker {
         if p.store.epoch != rec.epoch {
             return Ok(());
         }
-        let Some(&persisted) = self.result_at.get(&(exec, rec.epoch, lease)) else {
+        let Some(persisted) = self.results.get(&(exec, rec.epoch, lease)).map(|r| r.at) else {
             return Ok(());
         };
         let Some((conn, at)) = w.snapshot_delivered[exec] else {
@@ -495,6 +540,131 @@ impl Checker {
             );
         }
         Ok(())
+    }
+
+    /// I3: once the mill has applied an executor's terminal for a lease (the cursor of its
+    /// (node, epoch) covers the event's seqno), the job's recorded terminal under that lease
+    /// is the one the executor sent: a later verdict of the mill's own ("executor lost",
+    /// a teardown deadline) may not replace a result it already holds. A Cancelled result
+    /// may be recorded as Timeout (M18 cancels through the same path).
+    fn i3_applied_result(
+        &self,
+        w: &World,
+        job: JobId,
+        t: &Terminal,
+        exec: usize,
+        lease: LeaseId,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
+        if !w.execs[exec].honest() {
+            return Ok(());
+        }
+        let Some(epoch) = self.runs.get(&lease).map(|r| r.epoch) else {
+            return Ok(());
+        };
+        let Some(r) = self.results.get(&(exec, epoch, lease)) else {
+            return Ok(());
+        };
+        let mut applied = self.cursor(exec, epoch);
+        if let StepKind::Batch {
+            exec: from,
+            epoch: e,
+        } = ctx.kind
+        {
+            if from == exec && e == epoch {
+                if let Some(last) = ctx.events.iter().map(|e| e.seqno).max() {
+                    applied = applied.max(last);
+                }
+            }
+        }
+        if r.seqno > applied {
+            return Ok(());
+        }
+        let same = r.status == t.status
+            || (r.status == TerminalStatus::Cancelled && t.status == TerminalStatus::Timeout);
+        if !same || r.exit_code != t.exit_code {
+            return fail(
+                "I3",
+                format!(
+                    "{job} under {lease}: x{exec} {epoch} persisted {} {:?} at {} (seqno {}, applied: cursor {applied}), yet the mill recorded {} {:?} ({})",
+                    r.status,
+                    r.exit_code,
+                    secs(r.at),
+                    r.seqno,
+                    t.status,
+                    t.exit_code,
+                    t.error.as_deref().unwrap_or("")
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// I11: a job whose cancel the mill accepted ends Cancelled (or Timeout, when the mill's
+    /// own M18 cancel was first), unless the executor persisted its own terminal for the
+    /// lease before the `CancelAttempt` reached it (the engine's result raced the cancel).
+    ///
+    /// Two cases are left out, because the design keeps the cancel only in memory (found
+    /// by this check; see MUTATIONS.md's notes): a mill that crashed after accepting the
+    /// cancel forgets it (M26's pending cancel is not among M29's durable state), and an
+    /// executor that crashed after receiving it forgets why it was stopping the job, so E9
+    /// ends it Failed "executor restarted".
+    fn i11_terminal(
+        &self,
+        w: &World,
+        job: JobId,
+        t: &Terminal,
+        exec: Option<usize>,
+    ) -> Result<(), Violation> {
+        let Some(c) = self.cancels.get(&job) else {
+            return Ok(());
+        };
+        if matches!(
+            t.status,
+            TerminalStatus::Cancelled | TerminalStatus::Timeout
+        ) || c.mill_inc != w.mill_inc
+            || t.error.as_deref() == Some("executor restarted")
+        {
+            return Ok(());
+        }
+        let own = match (exec, t.lease) {
+            (Some(exec), Some(lease)) => self
+                .runs
+                .get(&lease)
+                .and_then(|r| self.results.get(&(exec, r.epoch, lease)))
+                .map(|r| (exec, lease, r.at)),
+            _ => None,
+        };
+        if let Some((exec, lease, at)) = own {
+            match self.cancel_seen.get(&(exec, lease)) {
+                None => return Ok(()),
+                Some(&seen) if at <= seen => return Ok(()),
+                Some(&seen) => {
+                    return fail(
+                        "I11",
+                        format!(
+                            "{job}: cancel accepted at {}, reached x{exec} at {}, yet {lease} ended {} by x{exec}'s terminal of {} (E7: a stop asked for decides the status)",
+                            secs(c.at),
+                            secs(seen),
+                            t.status,
+                            secs(at)
+                        ),
+                    );
+                }
+            }
+        }
+        fail(
+            "I11",
+            format!(
+                "{job}: cancel accepted at {} (mill incarnation {}), yet the mill recorded {} {:?} under {:?} on {:?} with no executor terminal before the cancel",
+                secs(c.at),
+                c.mill_inc,
+                t.status,
+                t.error.as_deref().unwrap_or(""),
+                t.lease,
+                t.node
+            ),
+        )
     }
 
     /// I4: a cursor only moves forward, over exactly the events of the batch being applied.
@@ -769,6 +939,10 @@ impl Checker {
                     );
                 }
                 compatible("I7", exec, p, spec, *job)?;
+                self.ask_conn.insert(*lease, (conn, w.mill_inc));
+            }
+            ToExecutor::ReleaseLease { lease } | ToExecutor::CancelAttempt { lease, .. } => {
+                self.let_go.insert(*lease);
             }
             ToExecutor::CommitLease { lease, .. } => {
                 let stored = w
@@ -819,9 +993,7 @@ impl Checker {
                     );
                 }
             }
-            ToExecutor::Refused { .. }
-            | ToExecutor::ReleaseLease { .. }
-            | ToExecutor::CancelAttempt { .. } => {}
+            ToExecutor::Refused { .. } => {}
         }
         Ok(())
     }
@@ -856,8 +1028,19 @@ impl Checker {
                         );
                     }
                     h.push(e.clone());
-                    if let EventKind::Terminal { .. } = e.kind {
-                        self.result_at.insert((exec, epoch, e.lease), w.now);
+                    if let EventKind::Terminal {
+                        status, exit_code, ..
+                    } = &e.kind
+                    {
+                        self.results.insert(
+                            (exec, epoch, e.lease),
+                            ResultRec {
+                                at: w.now,
+                                seqno: e.seqno,
+                                status: *status,
+                                exit_code: *exit_code,
+                            },
+                        );
                     }
                 }
                 ExecutorWrite::JobCommitted { lease, .. } => {
@@ -970,7 +1153,12 @@ impl Checker {
         Ok(())
     }
 
-    /// The engine of `exec` is told to start `job` under `lease` (I6, I7, E4).
+    /// The engine of `exec` is told to start `job` under `lease` (I1, I3, I6, I7, E4).
+    ///
+    /// I1 counted from engine starts: no retry policy exists yet (M32), so a job has one
+    /// attempt and its engine may start once across the whole fleet and every restart of
+    /// every process. A second start is a double execution, whether or not the first run
+    /// is over (it overlaps, or it already produced a result the mill should have kept, I3).
     pub fn start(
         &mut self,
         w: &World,
@@ -985,8 +1173,39 @@ impl Checker {
             return fail(
                 "I1",
                 format!(
-                    "{lease} started twice: on x{} and on x{exec} (E4)",
-                    run.exec
+                    "{lease} started twice: on x{} at {} and on x{exec} at {} (E4)",
+                    run.exec,
+                    secs(run.start),
+                    secs(w.now)
+                ),
+            );
+        }
+        if let Some(&first) = self.job_runs.get(&job).and_then(|v| v.first()) {
+            let r = &self.runs[&first];
+            let how = match r.exited {
+                None => "still running: the runs overlap".to_string(),
+                Some((at, _)) => format!("ended at {}", secs(at)),
+            };
+            let result = self
+                .results
+                .get(&(r.exec, r.epoch, first))
+                .map(|res| {
+                    format!(
+                        "; its result {} was persisted at {} (I3: a result is recorded and its job not started again)",
+                        res.status,
+                        secs(res.at)
+                    )
+                })
+                .unwrap_or_default();
+            return fail(
+                "I1",
+                format!(
+                    "{job} started twice (one attempt, no retry policy, M32): under {first} on x{} {} at {} ({how}{result}), again under {lease} on x{exec} {} at {}",
+                    r.exec,
+                    r.epoch,
+                    secs(r.start),
+                    p.store.epoch,
+                    secs(w.now)
                 ),
             );
         }
@@ -1005,9 +1224,12 @@ impl Checker {
             EngineRun {
                 exec,
                 job,
+                epoch: p.store.epoch,
+                start: w.now,
                 exited: None,
             },
         );
+        self.job_runs.entry(job).or_default().push(lease);
         self.running.insert(lease);
         Ok(())
     }
@@ -1032,6 +1254,8 @@ impl Checker {
     /// ledger every ten.
     pub fn sample(&mut self, w: &World) -> Result<(), Violation> {
         self.i1_stop_bound(w)?;
+        self.i11_stop_bound(w)?;
+        self.reservations_known(w)?;
         if (w.now / SEC) % 10 < 2 {
             self.quota_within_limits(w)?;
             self.ledger_within_limits(w)?;
@@ -1079,6 +1303,174 @@ impl Checker {
                         secs(self.bounds.stop)
                     ),
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// A client's cancel of `job` was answered Ok by a mill that did not crash in that step;
+    /// `before` is the job's state just before the cancel (I11).
+    ///
+    /// The time bound, when the node was connected and ready at `at` (the mill sends the
+    /// `CancelAttempt` at once, M26): if the session stays up, the ack came back within
+    /// `cancel_ack_timeout` (else the mill closes the session), so the executor received
+    /// the cancel by `at + cancel_ack_timeout` and asked its engine to stop in that same
+    /// step (E7); an engine honouring `StopJob` ends within the executor's `stop_grace`.
+    /// Hence `deadline = at + cancel_ack_timeout + stop_grace`, checked while one of the
+    /// node's connections that were live at `at` is still open at both ends. If the node is
+    /// cut off instead, the mill ends the lease at grace expiry (M5, Cancelled) and I1's
+    /// ended-lease bound (E12: `reconnect_grace + silence_timeout` + slack) applies.
+    pub fn cancel_accepted(&mut self, w: &World, job: JobId, before: Option<JobState>) {
+        let target = match &before {
+            Some(JobState::Reserved { lease, node } | JobState::Running { lease, node }) => {
+                exec_index(w, node).map(|e| (e, *lease))
+            }
+            _ => None,
+        };
+        let mut deadline = None;
+        if let (Some((exec, lease)), Some(m)) = (target, &w.mill) {
+            let p = &w.execs[exec];
+            let epoch = self.leases.get(&lease).map(|r| r.epoch);
+            // The mill sends the cancel at once when the node's session is connected and
+            // recovered (M26); `ready` would also demand no pending cancel, which this very
+            // cancel has just made true.
+            let ready = m
+                .session_views()
+                .any(|v| v.node == &p.node && v.connected && !v.in_grace && Some(v.epoch) == epoch);
+            let conns: Vec<ConnId> = w
+                .net
+                .conns
+                .iter()
+                .filter(|(_, c)| {
+                    c.exec == exec && c.mill_open && c.exec_open && c.mill_inc == w.mill_inc
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            if ready && !conns.is_empty() {
+                let bound = dur(w.mill_cfg.cancel_ack_timeout) + dur(p.cfg.stop_grace);
+                deadline = Some((w.now + bound, conns));
+            }
+        }
+        self.cancels.entry(job).or_insert(CancelRec {
+            at: w.now,
+            mill_inc: w.mill_inc,
+            target,
+            deadline,
+        });
+    }
+
+    /// Executor `exec` received a `CancelAttempt` for `lease` (I11).
+    pub fn cancel_delivered(&mut self, exec: usize, lease: LeaseId, now: Micros) {
+        self.cancel_seen.entry((exec, lease)).or_insert(now);
+    }
+
+    /// I11's time bound (see [`Checker::cancel_accepted`]): past the deadline, an engine
+    /// still runs the cancelled job although the node stayed connected. An engine that
+    /// ignores stops (`slow_stop`: it models a kill that does not take) is left to M26's
+    /// teardown deadline and I1's bound.
+    fn i11_stop_bound(&mut self, w: &World) -> Result<(), Violation> {
+        let now = w.now;
+        let due: Vec<JobId> = self
+            .cancels
+            .iter()
+            .filter(|(_, c)| c.deadline.as_ref().is_some_and(|(d, _)| now > *d))
+            .map(|(j, _)| *j)
+            .collect();
+        for job in due {
+            let Some(c) = self.cancels.get_mut(&job) else {
+                continue;
+            };
+            let Some((deadline, conns)) = c.deadline.take() else {
+                continue;
+            };
+            let (at, target) = (c.at, c.target);
+            let connected = w.mill.is_some()
+                && conns.iter().any(|id| {
+                    w.net
+                        .conns
+                        .get(id)
+                        .is_some_and(|k| k.mill_open && k.exec_open && k.mill_inc == w.mill_inc)
+                });
+            if !connected {
+                continue;
+            }
+            let Some(runs) = self.job_runs.get(&job) else {
+                continue;
+            };
+            for lease in runs {
+                let r = &self.runs[lease];
+                if r.exited.is_some() {
+                    continue;
+                }
+                let hung = w.execs[r.exec].engine.get(lease).is_some_and(|e| e.hung);
+                if hung {
+                    continue;
+                }
+                let seen = self
+                    .cancel_seen
+                    .get(&(r.exec, *lease))
+                    .map_or("never".to_string(), |t| secs(*t));
+                return fail(
+                    "I11",
+                    format!(
+                        "{job}: cancel accepted at {} (leased as {target:?}), node connected throughout, yet x{} still runs it under {lease} past {} (cancel_ack_timeout + stop_grace); the cancel reached x{} {seen}",
+                        secs(at),
+                        r.exec,
+                        secs(deadline),
+                        r.exec
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every seat an executor has reserved is known to the mill: as an ask of a live bid
+    /// round, a stray (an ask whose round is over, released when its answer or deadline
+    /// comes), or a lease of that node (M12, M16). Checked on every sample while the mill
+    /// is up, for honest executors. Excused, because the seat is already being let go:
+    /// - the mill sent `ReleaseLease` or `CancelAttempt` for it (in flight, or lost with its
+    ///   connection: the next snapshot reports it and M8 cancels it, or its ttl ends it, E3);
+    /// - the `ReserveSeat` went out on a connection the mill no longer has open, or from a
+    ///   mill that crashed since: asks are volatile and die with the session (M8 cancels
+    ///   what the next snapshot reports; the ttl, at most `reconnect_grace`, bounds it).
+    ///
+    /// What is left is a mill that forgot a reservation on a live session without telling
+    /// the executor: a seat held for nothing until its ttl runs out.
+    fn reservations_known(&self, w: &World) -> Result<(), Violation> {
+        let Some(m) = &w.mill else {
+            return Ok(());
+        };
+        for (i, p) in w.execs.iter().enumerate() {
+            let Some(x) = &p.exec else {
+                continue;
+            };
+            if !p.honest() {
+                continue;
+            }
+            for lease in x.reserved_leases() {
+                let asked_here = w.leases.get(&lease).is_some_and(|l| l.exec == i);
+                let known = (m.is_ask(lease) && asked_here)
+                    || m.stray(lease) == Some(&p.node)
+                    || m.lease_node(lease) == Some(&p.node);
+                if known || self.let_go.contains(&lease) {
+                    continue;
+                }
+                let Some(&(conn, inc)) = self.ask_conn.get(&lease) else {
+                    return fail(
+                        "reservations-known",
+                        format!("x{i} holds a seat for {lease}, which the mill never asked of it"),
+                    );
+                };
+                let live = inc == w.mill_inc && w.net.conns.get(&conn).is_some_and(|c| c.mill_open);
+                if live {
+                    return fail(
+                        "reservations-known",
+                        format!(
+                            "x{i} holds a seat for {lease} (asked on {conn}, still open), but the mill knows it as no ask, stray or lease and never released it (M12)"
+                        ),
+                    );
+                }
             }
         }
         Ok(())
@@ -1253,6 +1645,10 @@ fn fits_engine(p: &crate::world::ExecProc, spec: &JobSpec) -> bool {
             .iter()
             .all(|(name, total)| spec.resources.get(name).copied().unwrap_or(0) <= *total)
     })
+}
+
+fn dur(d: std::time::Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Seconds, for bounds in messages.

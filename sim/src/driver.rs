@@ -498,7 +498,13 @@ impl Sim {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     watch::user_cancel(&self.w, job, &mut self.cov);
                     self.note_cancel_while_down(job);
-                    let _ = self.mill_cancel(job, "cancelled by its user".into());
+                    let before = self.w.mill.as_ref().and_then(|m| m.job_state(job));
+                    let inc = self.w.mill_inc;
+                    let r = self.mill_cancel(job, "cancelled by its user".into());
+                    // Accepted: answered Ok by a mill that did not crash in that step (I11).
+                    if matches!(r, Some(Ok(()))) && self.w.mill_inc == inc {
+                        self.c.cancel_accepted(&self.w, job, before);
+                    }
                 }
             }
             Ev::Fault(k) => {
@@ -1704,6 +1710,9 @@ impl Sim {
                 };
                 if let Some(b) = self.w.execs[exec].byz.as_mut() {
                     b.incoming(now, conn, &msg, &mut self.byz);
+                }
+                if let ToExecutor::CancelAttempt { lease, .. } = &msg {
+                    self.c.cancel_delivered(exec, *lease, now);
                 }
                 self.exec_input(exec, ExecutorInput::Message { conn, msg });
             }

@@ -471,6 +471,23 @@ impl Mill {
             .map(|(id, l)| (*id, l.job, &l.node, l.epoch, l.state, &l.resources))
     }
 
+    /// Whether `lease` is an ask of a live bid round (M12), read-only: the simulator checks
+    /// that every seat an executor reserved is known to the mill.
+    pub fn is_ask(&self, lease: LeaseId) -> bool {
+        self.asks.contains_key(&lease)
+    }
+
+    /// The node of `lease` if it is a stray: an ask whose round is over, whose acceptance is
+    /// released when it comes or when its deadline passes (M12), read-only.
+    pub fn stray(&self, lease: LeaseId) -> Option<&NodeId> {
+        self.strays.get(&lease).map(|(node, _)| node)
+    }
+
+    /// The node of `lease` if the mill holds it (reserved or running), read-only.
+    pub fn lease_node(&self, lease: LeaseId) -> Option<&NodeId> {
+        self.leases.get(&lease).map(|l| &l.node)
+    }
+
     /// The quota ledger, read-only (I5).
     pub fn quota(&self) -> &QuotaLedger {
         &self.quota
@@ -732,6 +749,15 @@ impl Mill {
     }
 
     fn add_lease(&mut self, id: LeaseId, lease: Lease) {
+        // I1: a job is leased under one lease at a time; its phase names it.
+        debug_assert!(
+            self.jobs.get(&lease.job).is_none_or(|j| !matches!(
+                j.phase,
+                Phase::Leased(other) if other != id && self.leases.contains_key(&other)
+            )),
+            "I1: {} gets {id} while it holds another lease",
+            lease.job
+        );
         self.node_leases
             .entry(lease.node.clone())
             .or_default()

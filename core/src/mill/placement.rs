@@ -846,6 +846,14 @@ impl Mill {
         l.state = LeaseState::Running;
         l.commit_sent = None;
         let (job, node) = (l.job, l.node.clone());
+        // I1: the mill never holds two committed leases for one job: the lease that runs is
+        // the one the job's phase names.
+        debug_assert!(
+            self.jobs
+                .get(&job)
+                .is_none_or(|j| matches!(j.phase, Phase::Leased(l) if l == lease)),
+            "I1: {job} runs under {lease}, which is not the lease it holds"
+        );
         if let Some(record) = self.lease_record(lease) {
             self.persist(MillWrite::LeaseUpsert(record));
         }

@@ -460,14 +460,15 @@ impl Mill {
                 if l.epoch == epoch {
                     continue;
                 }
-                let may_have_run = l.state == super::LeaseState::Running || l.commit_out;
+                let (state, commit_out) = (l.state, l.commit_out);
                 self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
-                if may_have_run {
-                    // A commit went out to the old process: the job may have run there, so
-                    // it is not placed again (M29, I1: one start per attempt).
+                // A reserved lease whose commit went out (M16; every restored lease counts,
+                // M29) may have run on the old process, even to its end, with the result
+                // lost in the wipe: placing it again would run it twice (I1). Only a lease
+                // never committed is placed again.
+                if state == super::LeaseState::Running || commit_out {
                     self.fail_lease(id, "executor lost (its store was replaced)".into());
                 } else {
-                    // No commit ever left: nothing of it ran, so it is placed again.
                     self.end_lease(id, None);
                 }
             }
@@ -575,6 +576,10 @@ impl Mill {
                 if let Some(s) = self.sessions.get_mut(node) {
                     s.awaiting_events = Some((active.into_iter().collect(), outbox_high));
                 }
+                // M6, I3: the node is back within grace and its announced events are in
+                // flight on this connection: grace must not run out before they land
+                // (still capped at twice reconnect_grace from the start of the recovery).
+                self.extend_grace(node);
                 self.observe(Observation::Rare(RarePath::ReconcileAwaitedEvents));
             } else {
                 self.reconcile(node, active.into_iter().collect());
