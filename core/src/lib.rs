@@ -20,6 +20,7 @@ pub mod executor;
 pub mod job;
 pub mod mill;
 pub mod quota;
+pub mod timers;
 pub mod types;
 pub mod wire;
 

@@ -11,6 +11,7 @@
 //! `placement` (ranking, bids, quota admission, publish and commit), `events` (sequenced event
 //! batches), `cancel` (cancels and timeouts), `restart` (restore from a snapshot).
 
+mod audit;
 mod cancel;
 mod config;
 mod events;
@@ -33,6 +34,7 @@ pub use view::SessionView;
 
 use crate::job::{JobSpec, JobState, SpecError, Terminal};
 use crate::quota::QuotaLedger;
+use crate::timers::TimerTable;
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
 use crate::wire::{ToExecutor, ToMill};
 
@@ -227,8 +229,9 @@ pub enum RarePath {
     OldEpochLeaseFailed,
 }
 
-/// One decision a `Tick` may take, keyed in the timer wheel. Every timer is checked against
-/// the state when it fires, so a stale one does nothing.
+/// One decision a `Tick` may take, keyed in the timer table: each key has at most one
+/// deadline, set while the thing it watches is live and stopped when that thing ends (see
+/// [`Mill::check_timers`]). A timer is still checked against the state when it fires.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Handshake(ConnId),
@@ -343,7 +346,7 @@ pub struct Mill {
     next_lease: LeaseId,
     lease_floor: LeaseId,
 
-    timers: BTreeSet<(Time, Timer)>,
+    timers: TimerTable<Timer>,
     placement_dirty: bool,
     /// Bumped on every change that may let a waiting job be placed (M13).
     change_seq: u64,
@@ -383,7 +386,7 @@ impl Mill {
             next_job: JobId(1),
             next_lease: LeaseId(1),
             lease_floor: LeaseId(1),
-            timers: BTreeSet::new(),
+            timers: TimerTable::default(),
             placement_dirty: false,
             change_seq: 0,
             writes: Vec::new(),
@@ -437,8 +440,15 @@ impl Mill {
     }
 
     /// When to call `handle(now, Tick)` next, if anything is scheduled.
+    /// `None` exactly when nothing is pending: every timer belongs to something live.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.timers.first().map(|(t, _)| *t)
+        self.timers.next_deadline()
+    }
+
+    /// How many timers are set (one per live deadline: a job's timeout, a session's
+    /// silence or grace, an ask, a commit, a cancel…). Read-only, for benches and tests.
+    pub fn timer_count(&self) -> usize {
+        self.timers.len()
     }
 
     /// The config in force.
@@ -524,8 +534,20 @@ impl Mill {
         self.emit(MillOutput::Observed(o));
     }
 
+    /// Sets `timer` to fire at `at`, replacing the deadline it had.
     fn arm(&mut self, at: Time, timer: Timer) {
-        self.timers.insert((at, timer));
+        self.timers.set(timer, at);
+    }
+
+    /// Stops `timer`: what it watched has ended or no longer needs it.
+    fn disarm(&mut self, timer: &Timer) {
+        self.timers.stop(timer);
+    }
+
+    /// Forgets a connection and its handshake deadline.
+    fn drop_conn(&mut self, conn: ConnId) -> Option<Conn> {
+        self.disarm(&Timer::Handshake(conn));
+        self.conns.remove(&conn)
     }
 
     /// Ends a step: runs placement if anything changed, then emits one `Persist` with every
@@ -545,6 +567,7 @@ impl Mill {
             self.out
                 .insert(self.step_start, MillOutput::Persist(MillBatch { writes }));
         }
+        self.debug_check_timers();
     }
 
     fn wake_placement(&mut self) {
@@ -553,13 +576,7 @@ impl Mill {
     }
 
     fn on_tick(&mut self) {
-        while let Some((at, _)) = self.timers.first() {
-            if *at > self.now {
-                break;
-            }
-            let Some((at, timer)) = self.timers.pop_first() else {
-                break;
-            };
+        while let Some((at, timer)) = self.timers.pop_due(self.now) {
             self.fire(at, timer);
         }
     }
@@ -642,6 +659,7 @@ impl Mill {
         let Some(j) = self.jobs.remove(&job) else {
             return;
         };
+        self.disarm(&Timer::JobTimeout(job));
         self.queue.remove(&job);
         if let Phase::Bidding(round) = j.phase {
             self.abandon_round(round);
@@ -699,6 +717,8 @@ impl Mill {
         let Some(l) = self.leases.remove(&lease) else {
             return;
         };
+        self.disarm(&Timer::Commit(lease));
+        self.disarm(&Timer::Teardown(lease));
         if let Some(set) = self.node_leases.get_mut(&l.node) {
             set.remove(&lease);
             if set.is_empty() {

@@ -232,6 +232,24 @@ pub(super) struct BidRound {
     soft_failure: bool,
 }
 
+impl BidRound {
+    /// The deadline of `lease` if it is an ask of this round still waiting for an answer.
+    pub(super) fn open_ask_deadline(&self, lease: LeaseId) -> Option<crate::types::Time> {
+        self.asks
+            .get(&lease)
+            .filter(|a| a.accepted.is_none())
+            .map(|a| a.deadline)
+    }
+
+    /// Asks of this round still waiting for an answer, with their deadlines.
+    pub(super) fn open_asks(&self) -> impl Iterator<Item = (LeaseId, crate::types::Time)> + '_ {
+        self.asks
+            .iter()
+            .filter(|(_, a)| a.accepted.is_none())
+            .map(|(l, a)| (*l, a.deadline))
+    }
+}
+
 impl Mill {
     /// Marks `node`'s place in the rank index as stale; [`Mill::flush_index`] recomputes it
     /// before the index is next read, so a batch of changes to one node costs one update.
@@ -474,6 +492,18 @@ impl Mill {
         ))
     }
 
+    /// The ask of `lease` is over (answered, expired, or its round ended): its deadline goes.
+    fn forget_ask(&mut self, lease: LeaseId) {
+        self.asks.remove(&lease);
+        self.disarm(&Timer::Ask(lease));
+    }
+
+    /// Takes a stray ask out, with its deadline.
+    fn take_stray(&mut self, lease: LeaseId) -> Option<(NodeId, String)> {
+        self.disarm(&Timer::Stray(lease));
+        self.strays.remove(&lease)
+    }
+
     /// Tells `node` to drop a reservation, if it is connected.
     fn release_remote(&mut self, node: &NodeId, lease: LeaseId) {
         if let Some(conn) = self.sessions.get(node).and_then(|s| s.conn) {
@@ -484,7 +514,7 @@ impl Mill {
     /// The bid's round is over for this ask: release an acceptance at once, or remember an
     /// ask still in flight so its acceptance is released when it comes (M12).
     fn drop_ask(&mut self, engine: &str, lease: LeaseId, ask: Ask) {
-        self.asks.remove(&lease);
+        self.forget_ask(lease);
         match ask.accepted {
             Some(_) => {
                 self.release_remote(&ask.node, lease);
@@ -519,7 +549,7 @@ impl Mill {
         if let Some((stray_node, engine)) = self.strays.get(&lease) {
             if stray_node == node {
                 let engine = engine.clone();
-                self.strays.remove(&lease);
+                self.take_stray(lease);
                 if accepted {
                     self.release_remote(node, lease);
                 }
@@ -553,9 +583,11 @@ impl Mill {
             if let Some(a) = round.asks.get_mut(&lease) {
                 a.accepted = Some(resources);
             }
+            // Answered: its deadline no longer applies (M12).
+            self.disarm(&Timer::Ask(lease));
         } else {
             round.asks.remove(&lease);
-            self.asks.remove(&lease);
+            self.forget_ask(lease);
             self.job_seat_released(node, job);
             match reject {
                 Some(RejectKind::Incompatible) => {
@@ -585,7 +617,7 @@ impl Mill {
             .is_some_and(|a| a.accepted.is_none() && a.deadline == fired);
         if expired {
             if let Some(ask) = round.asks.remove(&lease) {
-                self.asks.remove(&lease);
+                self.forget_ask(lease);
                 self.release_remote(&ask.node, lease);
                 self.job_seat_released(&ask.node, job);
                 round.soft_failure = true;
@@ -595,7 +627,7 @@ impl Mill {
     }
 
     pub(super) fn stray_expired(&mut self, lease: LeaseId) {
-        if let Some((node, engine)) = self.strays.remove(&lease) {
+        if let Some((node, engine)) = self.take_stray(lease) {
             self.release_remote(&node, lease);
             self.seat_released(&node, Some(&engine));
         }
@@ -610,7 +642,7 @@ impl Mill {
             .map(|(l, _)| *l)
             .collect();
         for lease in strays {
-            if let Some((_, engine)) = self.strays.remove(&lease) {
+            if let Some((_, engine)) = self.take_stray(lease) {
                 self.seat_released(node, Some(&engine));
             }
         }
@@ -631,7 +663,7 @@ impl Mill {
             }
             for lease in lost {
                 round.asks.remove(&lease);
-                self.asks.remove(&lease);
+                self.forget_ask(lease);
                 self.job_seat_released(node, job);
             }
             round.soft_failure = true;
@@ -644,7 +676,7 @@ impl Mill {
         let Some(win) = round.asks.remove(&winner) else {
             return self.put_round(job, round);
         };
-        self.asks.remove(&winner);
+        self.forget_ask(winner);
         for (lease, ask) in std::mem::take(&mut round.asks) {
             self.drop_ask(&round.engine, lease, ask);
         }
@@ -783,6 +815,7 @@ impl Mill {
         let Some(conn) = conn else {
             // Not now: no commit is out, so `maybe_ready` sends it once the node is ready.
             l.commit_sent = None;
+            self.disarm(&Timer::Commit(lease));
             return;
         };
         let due = self.now.plus(self.config.bid_timeout);
@@ -845,6 +878,7 @@ impl Mill {
         }
         l.state = LeaseState::Running;
         l.commit_sent = None;
+        self.timers.stop(&Timer::Commit(lease));
         let (job, node) = (l.job, l.node.clone());
         if let Some(record) = self.lease_record(lease) {
             self.persist(MillWrite::LeaseUpsert(record));

@@ -112,7 +112,7 @@ impl Mill {
 
     pub(super) fn handshake_expired(&mut self, conn: ConnId) {
         if matches!(self.conns.get(&conn), Some(Conn { node: None })) {
-            self.conns.remove(&conn);
+            self.drop_conn(conn);
             self.emit(MillOutput::Close {
                 conn,
                 reason: "no Hello within silence_timeout".into(),
@@ -121,7 +121,7 @@ impl Mill {
     }
 
     pub(super) fn on_disconnected(&mut self, conn: ConnId) {
-        let Some(c) = self.conns.remove(&conn) else {
+        let Some(c) = self.drop_conn(conn) else {
             return;
         };
         if let Some(node) = c.node {
@@ -161,7 +161,7 @@ impl Mill {
                 return;
             }
             (None, _) => {
-                self.conns.remove(&conn);
+                self.drop_conn(conn);
                 self.emit(MillOutput::Close {
                     conn,
                     reason: "the first message must be Hello".into(),
@@ -210,7 +210,7 @@ impl Mill {
     }
 
     fn refuse(&mut self, conn: ConnId, why: String) {
-        self.conns.remove(&conn);
+        self.drop_conn(conn);
         self.send(
             conn,
             ToExecutor::Refused {
@@ -284,7 +284,7 @@ impl Mill {
                 let carried = old.grace;
                 let since = old.recovery_since.unwrap_or(self.now);
                 if let Some(old_conn) = old.conn {
-                    self.conns.remove(&old_conn);
+                    self.drop_conn(old_conn);
                     self.emit(MillOutput::Close {
                         conn: old_conn,
                         reason: "replaced by a new session".into(),
@@ -322,8 +322,10 @@ impl Mill {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.node = Some(node.clone());
         }
-        if let Some((g, _)) = grace {
-            self.arm(g, Timer::Grace(node.clone()));
+        self.disarm(&Timer::Handshake(conn));
+        match grace {
+            Some((g, _)) => self.arm(g, Timer::Grace(node.clone())),
+            None => self.disarm(&Timer::Grace(node.clone())),
         }
         let at = self.now.plus(self.config.silence_timeout);
         self.arm(at, Timer::Silence(node.clone()));
@@ -339,9 +341,7 @@ impl Mill {
         let Some(s) = self.sessions.get_mut(node) else {
             return;
         };
-        if let Some(conn) = s.conn.take() {
-            self.conns.remove(&conn);
-        }
+        let conn = s.conn.take();
         s.reconciled = false;
         s.awaiting_events = None;
         s.snapshot = None;
@@ -350,7 +350,15 @@ impl Mill {
             s.recovery_since = Some(now);
         }
         let grace = *s.grace.get_or_insert(now.plus(grace_len));
+        if let Some(conn) = conn {
+            self.drop_conn(conn);
+        }
         self.arm(grace, Timer::Grace(node.clone()));
+        // Silence is watched only on a connection; acks are due only on one.
+        self.disarm(&Timer::Silence(node.clone()));
+        for lease in &pending {
+            self.disarm(&Timer::CancelAck(node.clone(), *lease));
+        }
         // Tracked cancels go out again when the node is ready; untracked ones are found again
         // by the next reconcile.
         for lease in pending {
@@ -362,7 +370,9 @@ impl Mill {
         if let Some(ids) = self.node_leases.get(node) {
             for id in ids {
                 if let Some(l) = self.leases.get_mut(id) {
-                    l.commit_sent = None;
+                    if l.commit_sent.take().is_some() {
+                        self.timers.stop(&Timer::Commit(*id));
+                    }
                 }
             }
         }
@@ -462,16 +472,31 @@ impl Mill {
             self.fail_lease(id, "executor lost".into());
         }
         if let Some(conn) = self.sessions.get(&node).and_then(|s| s.conn) {
-            self.conns.remove(&conn);
+            self.drop_conn(conn);
             self.emit(MillOutput::Close {
                 conn,
                 reason: "recovery did not complete within reconnect_grace".into(),
             });
         }
         self.fail_asks_to(&node);
-        self.sessions.remove(&node);
+        self.forget_session(&node);
         self.rank.remove(&node);
         self.wake_placement();
+    }
+
+    /// Drops a node's session and every timer it owned (silence, grace, cancel acks).
+    fn forget_session(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.remove(node) else {
+            return;
+        };
+        if let Some(conn) = s.conn {
+            self.drop_conn(conn);
+        }
+        self.disarm(&Timer::Silence(node.clone()));
+        self.disarm(&Timer::Grace(node.clone()));
+        for lease in s.pending_cancels.keys() {
+            self.disarm(&Timer::CancelAck(node.clone(), *lease));
+        }
     }
 
     /// Ends a lease whose executor can no longer be trusted to finish it: failed with `why`,
@@ -689,6 +714,7 @@ impl Mill {
                 s.grace = None;
                 s.recovery_since = None;
             }
+            self.disarm(&Timer::Grace(node.clone()));
         }
         for id in ids {
             let resend = self.leases.get(&id).is_some_and(|l| {
@@ -711,6 +737,7 @@ impl Mill {
         if s.pending_cancels.remove(&lease).is_none() {
             return; // a repeat, or for a cancel we no longer wait on
         }
+        self.disarm(&Timer::CancelAck(node.clone(), lease));
         let teardown = self.now.plus(self.config.cancel_teardown_timeout);
         if let Some(c) = self.leases.get_mut(&lease).and_then(|l| l.cancel.as_mut()) {
             if c.phase == CancelPhase::Sent {
@@ -769,7 +796,7 @@ impl Mill {
             self.fail_lease(id, format!("executor {node} quarantined"));
         }
         self.fail_asks_to(node);
-        self.sessions.remove(node);
+        self.forget_session(node);
         self.rank.remove(node);
         self.wake_placement();
     }

@@ -7,6 +7,7 @@ mod placement;
 mod restart;
 mod review;
 mod sessions;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
