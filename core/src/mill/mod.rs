@@ -183,7 +183,9 @@ pub enum Observation {
     Violation {
         /// The executor.
         node: NodeId,
-        /// What it did.
+        /// What kind of violation: what metrics and checkers match on.
+        kind: ViolationKind,
+        /// What it did, for people (never matched on).
         reason: String,
     },
     /// A node was quarantined (M28).
@@ -200,6 +202,75 @@ pub enum Observation {
     },
     /// A rarely taken path was taken.
     Rare(RarePath),
+}
+
+/// A kind of protocol violation the mill detects (M28): data beside the human reason, as
+/// quinn's `TransportError{code, reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ViolationKind {
+    /// A second `Hello` on one session (M1).
+    SecondHello,
+    /// A message over a bound: a snapshot's engines or leases, a batch's events, a reason or
+    /// error text (DESIGN §3, STYLE 6).
+    Oversize,
+    /// A snapshot with an invalid engine name or load (M7).
+    BadSnapshot,
+    /// A snapshot seqno that does not exceed the last one (M7).
+    SnapshotRegression,
+    /// An event batch for another epoch than the session's (M19).
+    WrongEpoch,
+    /// Event seqnos that do not increase within a batch (M20).
+    SeqnoOrder,
+    /// A gap in the event seqnos (M20).
+    SeqnoGap,
+    /// An event for a lease after its terminal (M22).
+    EventAfterTerminal,
+    /// A log reference that is not `logs/<lease>.log` with a sha256 (M25).
+    BadLogRef,
+    /// A `ReserveResult` for an ask not made of this node, or answered twice (M12).
+    UnaskedReserveResult,
+    /// An acceptance claiming invalid resources (M14).
+    BadResources,
+}
+
+impl ViolationKind {
+    /// Every kind, in order (for metrics that list zero counts).
+    pub const ALL: [ViolationKind; 11] = [
+        ViolationKind::SecondHello,
+        ViolationKind::Oversize,
+        ViolationKind::BadSnapshot,
+        ViolationKind::SnapshotRegression,
+        ViolationKind::WrongEpoch,
+        ViolationKind::SeqnoOrder,
+        ViolationKind::SeqnoGap,
+        ViolationKind::EventAfterTerminal,
+        ViolationKind::BadLogRef,
+        ViolationKind::UnaskedReserveResult,
+        ViolationKind::BadResources,
+    ];
+
+    /// A stable snake_case name (metrics labels, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::SecondHello => "second_hello",
+            ViolationKind::Oversize => "oversize",
+            ViolationKind::BadSnapshot => "bad_snapshot",
+            ViolationKind::SnapshotRegression => "snapshot_regression",
+            ViolationKind::WrongEpoch => "wrong_epoch",
+            ViolationKind::SeqnoOrder => "seqno_order",
+            ViolationKind::SeqnoGap => "seqno_gap",
+            ViolationKind::EventAfterTerminal => "event_after_terminal",
+            ViolationKind::BadLogRef => "bad_log_ref",
+            ViolationKind::UnaskedReserveResult => "unasked_reserve_result",
+            ViolationKind::BadResources => "bad_resources",
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Rare paths the simulator must reach (issue 4, item 9).
@@ -257,6 +328,8 @@ struct LeaseCancel {
     reason: String,
     /// `Cancelled` for a user cancel, `Timeout` for M18.
     status: crate::job::TerminalStatus,
+    /// The matching cause (`Cancelled` or `Timeout`).
+    cause: crate::job::TerminalCause,
     phase: CancelPhase,
 }
 

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
+    ViolationKind,
 };
-use crate::job::{JobState, Terminal, TerminalStatus};
+use crate::job::{JobState, Terminal, TerminalCause, TerminalStatus};
 use crate::quota::Acquire;
 use crate::types::{validate_resources, JobId, LeaseId, NodeId, Resources};
 use crate::wire::{RejectKind, ToExecutor};
@@ -446,7 +447,12 @@ impl Mill {
         // Nobody can take it now.
         if !round.soft_failure && !round.incompatible.is_empty() {
             let why = format!("no compatible executor: {}", round.incompatible.join("; "));
-            return self.finish_job(job, Terminal::by_mill(TerminalStatus::Failed, reason(why)));
+            let t = Terminal::by_mill(
+                TerminalStatus::Failed,
+                TerminalCause::NoCompatibleExecutor,
+                reason(why),
+            );
+            return self.finish_job(job, t);
         }
         self.release_quota(job, false);
         if let Some(j) = self.jobs.get_mut(&job) {
@@ -544,7 +550,11 @@ impl Mill {
         resources: Resources,
     ) {
         if why.len() > crate::wire::MAX_REASON {
-            return self.violation(node, "ReserveResult reason exceeds 4096 bytes");
+            return self.violation(
+                node,
+                ViolationKind::Oversize,
+                "ReserveResult reason exceeds 4096 bytes",
+            );
         }
         if let Some((stray_node, engine)) = self.strays.get(&lease) {
             if stray_node == node {
@@ -571,14 +581,14 @@ impl Mill {
         if !asked_here || round.asks.get(&lease).is_some_and(|a| a.accepted.is_some()) {
             self.put_round(job, round);
             let what = format!("ReserveResult for lease {lease} that was not asked of it");
-            return self.violation(node, &what);
+            return self.violation(node, ViolationKind::UnaskedReserveResult, &what);
         }
         if accepted {
             if let Err(e) = validate_resources(&resources) {
                 // M14: the bid counts as failed; the session closes, which fails the ask.
                 self.put_round(job, round);
                 let what = format!("invalid resource claim for lease {lease}: {e}");
-                return self.violation(node, &what);
+                return self.violation(node, ViolationKind::BadResources, &what);
             }
             if let Some(a) = round.asks.get_mut(&lease) {
                 a.accepted = Some(resources);
@@ -707,6 +717,7 @@ impl Mill {
                 self.job_seat_released(&node, job);
                 let t = Terminal::by_mill(
                     TerminalStatus::Failed,
+                    TerminalCause::QuotaDenied,
                     reason(format!("quota denied: {why}")),
                 );
                 self.finish_job(job, t);

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::terminals::TerminalMemory;
 use super::{
     constant_time_eq, reason, CancelPhase, Conn, Mill, MillOutput, MillWrite, Observation,
-    RarePath, RequestError, Timer,
+    RarePath, RequestError, Timer, ViolationKind,
 };
-use crate::job::{Terminal, TerminalStatus};
+use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
 
@@ -179,7 +179,11 @@ impl Mill {
         }
         s.last_heard = self.now;
         match msg {
-            ToMill::Hello { .. } => self.violation(&node, "a second Hello on one session"),
+            ToMill::Hello { .. } => self.violation(
+                &node,
+                ViolationKind::SecondHello,
+                "a second Hello on one session",
+            ),
             ToMill::Snapshot {
                 seqno,
                 engines,
@@ -454,9 +458,11 @@ impl Mill {
                 let state = l.state;
                 self.observe(Observation::Rare(RarePath::OldEpochLeaseFailed));
                 match state {
-                    super::LeaseState::Running => {
-                        self.fail_lease(id, "executor lost (its store was replaced)".into())
-                    }
+                    super::LeaseState::Running => self.fail_lease(
+                        id,
+                        TerminalCause::ExecutorReplaced,
+                        "executor lost (its store was replaced)".into(),
+                    ),
                     // Never committed: nothing of it can have run past the old process's
                     // self-fencing, so it is placed again.
                     super::LeaseState::Reserved => self.end_lease(id, None),
@@ -469,7 +475,7 @@ impl Mill {
             return;
         }
         for id in leases {
-            self.fail_lease(id, "executor lost".into());
+            self.fail_lease(id, TerminalCause::ExecutorLost, "executor lost".into());
         }
         if let Some(conn) = self.sessions.get(&node).and_then(|s| s.conn) {
             self.drop_conn(conn);
@@ -501,14 +507,14 @@ impl Mill {
 
     /// Ends a lease whose executor can no longer be trusted to finish it: failed with `why`,
     /// or with its pending cancel's status and reason (M5).
-    pub(super) fn fail_lease(&mut self, id: LeaseId, why: String) {
+    pub(super) fn fail_lease(&mut self, id: LeaseId, cause: TerminalCause, why: String) {
         let Some(l) = self.leases.get(&id) else {
             return;
         };
         let cancelled = l.cancel.is_some();
         let mut t = match &l.cancel {
-            Some(c) => Terminal::by_mill(c.status, c.reason.clone()),
-            None => Terminal::by_mill(TerminalStatus::Failed, why),
+            Some(c) => Terminal::by_mill(c.status, c.cause, c.reason.clone()),
+            None => Terminal::by_mill(TerminalStatus::Failed, cause, why),
         };
         t.node = Some(l.node.clone());
         t.lease = Some(id);
@@ -551,7 +557,11 @@ impl Mill {
         outbox_high: Seqno,
     ) {
         if engines.len() > wire::MAX_ENGINES || active.len() > wire::MAX_ACTIVE_LEASES {
-            return self.violation(node, "snapshot exceeds the engine or lease bound");
+            return self.violation(
+                node,
+                ViolationKind::Oversize,
+                "snapshot exceeds the engine or lease bound",
+            );
         }
         for (name, e) in &engines {
             let bad_load = e.load.len() > wire::MAX_LOAD_ENTRIES
@@ -560,7 +570,7 @@ impl Mill {
                     .any(|(k, v)| !crate::types::valid_name(k) || !(0.0..=1.0).contains(v));
             if !crate::types::valid_name(name) || bad_load {
                 let why = format!("snapshot engine {name:?}: loads must be 0..=1 with valid names");
-                return self.violation(node, &why);
+                return self.violation(node, ViolationKind::BadSnapshot, &why);
             }
         }
         let Some(s) = self.sessions.get_mut(node) else {
@@ -569,7 +579,7 @@ impl Mill {
         if let Some((last, _)) = &s.snapshot {
             if seqno <= *last {
                 let why = format!("snapshot seqno {seqno} does not exceed {last} (M7)");
-                return self.violation(node, &why);
+                return self.violation(node, ViolationKind::SnapshotRegression, &why);
             }
         }
         s.snapshot = Some((seqno, engines));
@@ -632,7 +642,11 @@ impl Mill {
             match l.state {
                 super::LeaseState::Running => {
                     self.observe(Observation::Rare(RarePath::ReconcileFailedLease));
-                    self.fail_lease(*id, "executor no longer has the job".into());
+                    self.fail_lease(
+                        *id,
+                        TerminalCause::NoLongerHasJob,
+                        "executor no longer has the job".into(),
+                    );
                 }
                 // Never committed there: nothing ran, place it again.
                 super::LeaseState::Reserved => self.end_lease(*id, None),
@@ -765,10 +779,11 @@ impl Mill {
     }
 
     /// M28: close the session; `quarantine_strikes` in a row quarantine the node.
-    pub(super) fn violation(&mut self, node: &NodeId, what: &str) {
+    pub(super) fn violation(&mut self, node: &NodeId, kind: ViolationKind, what: &str) {
         let why = reason(format!("protocol violation: {what}"));
         self.observe(Observation::Violation {
             node: node.clone(),
+            kind,
             reason: why.clone(),
         });
         let strikes = self.strikes.entry(node.clone()).or_insert(0);
@@ -793,7 +808,11 @@ impl Mill {
             .map(|set| set.iter().copied().collect())
             .unwrap_or_default();
         for id in leases {
-            self.fail_lease(id, format!("executor {node} quarantined"));
+            self.fail_lease(
+                id,
+                TerminalCause::Quarantined,
+                format!("executor {node} quarantined"),
+            );
         }
         self.fail_asks_to(node);
         self.forget_session(node);

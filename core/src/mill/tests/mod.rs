@@ -367,6 +367,17 @@ impl H {
             .collect()
     }
 
+    /// The kinds of this step's violations, in order.
+    pub fn violation_kinds(&self) -> Vec<ViolationKind> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Observed(Observation::Violation { kind, .. }) => Some(*kind),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn rare(&self, path: RarePath) -> bool {
         self.out
             .iter()

@@ -128,6 +128,7 @@ fn m2_grace_deadline_carries_over_to_the_new_session() {
     h.advance(6 * SEC);
     let t = h.terminal_of(job).expect("failed at the carried deadline");
     assert_eq!(t.error.as_deref(), Some("executor lost"));
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::ExecutorLost));
 }
 
 #[test]
@@ -166,6 +167,7 @@ fn m5_grace_expiry_fails_every_lease_executor_lost() {
         let t = h.terminal_of(job).unwrap();
         assert_eq!(t.status, TerminalStatus::Failed);
         assert_eq!(t.error.as_deref(), Some("executor lost"));
+        assert_eq!(t.cause, Some(crate::job::TerminalCause::ExecutorLost));
     }
     assert_eq!(h.mill.sessions().count(), 0, "the session is forgotten");
     assert!(h.store.leases.is_empty());
@@ -221,7 +223,7 @@ fn m7_snapshot_seqno_regression_is_a_violation() {
             outbox_high: Seqno(0),
         },
     );
-    assert!(h.violations()[0].contains("M7"));
+    assert_eq!(h.violation_kinds(), vec![ViolationKind::SnapshotRegression]);
     assert!(h.closed(conn).is_some());
 }
 
@@ -230,10 +232,10 @@ fn m7_snapshot_with_load_outside_zero_to_one_is_a_violation() {
     let mut h = H::new();
     let conn = h.hello_as("a", 1, &[]);
     h.snapshot_with(conn, engines(true, 1.5), &[]);
-    assert_eq!(h.violations().len(), 1);
+    assert_eq!(h.violation_kinds(), vec![ViolationKind::BadSnapshot]);
     let b = h.hello_as("b", 1, &[]);
     h.snapshot_with(b, engines(true, f64::NAN), &[]);
-    assert_eq!(h.violations().len(), 1);
+    assert_eq!(h.violation_kinds(), vec![ViolationKind::BadSnapshot]);
 }
 
 #[test]
@@ -254,6 +256,7 @@ fn m8_reconcile_claims_reported_fails_missing_running_and_releases_missing_reser
     assert!(h.terminal_of(kept).is_none());
     let t = h.terminal_of(lost).unwrap();
     assert_eq!(t.error.as_deref(), Some("executor no longer has the job"));
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::NoLongerHasJob));
     assert!(h.updates().contains(&(requeued, JobState::Queued)));
     // The re-queued job is bid again on the reconciled node.
     assert_eq!(h.asks(again).len(), 1);
