@@ -35,7 +35,10 @@ impl Mill {
             return self.violation(node, ViolationKind::Oversize, &what);
         }
         let cursor = self.cursor(node, epoch);
-        if let Err((kind, what)) = check_batch(cursor, &events, &s.terminated) {
+        let key = (node.clone(), epoch);
+        let empty = TerminalMemory::default();
+        let memory = self.terminals.get(&key).unwrap_or(&empty);
+        if let Err((kind, what)) = check_batch(cursor, &events, memory) {
             return self.violation(node, kind, &what);
         }
         // Each new event writes at most three records (lease delete, quota release, job
@@ -44,18 +47,27 @@ impl Mill {
         self.writes.reserve(3 * new + 1);
         self.out.reserve(new + 2);
         let bound = self.config.terminal_memory;
-        if let Some(s) = self.sessions.get_mut(node) {
-            s.reserve_terminals(new, bound);
-        }
+        // Taken out while the batch is applied, put back after: one lookup per batch.
+        let mut memory = self.terminals.remove(&key).unwrap_or_default();
+        memory.reserve(new, bound);
         let mut up_to = cursor;
         let mut applied_any = false;
+        let mut worked = false;
         for event in events {
             if event.seqno <= cursor {
                 continue; // M20: a replay, dropped
             }
             up_to = event.seqno;
             applied_any = true;
-            self.apply_event(node, epoch, event);
+            worked |= self.apply_event(node, epoch, event, &mut memory, bound);
+        }
+        if !memory.is_empty() {
+            self.terminals.insert(key, memory);
+        }
+        if worked {
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.did_work = true;
+            }
         }
         if up_to > cursor {
             self.cursors.insert((node.clone(), epoch), up_to);
@@ -75,8 +87,16 @@ impl Mill {
         self.send(conn, ToExecutor::Ack { epoch, up_to });
     }
 
-    /// Applies one new event (M21, M24).
-    fn apply_event(&mut self, node: &NodeId, epoch: Epoch, event: Event) {
+    /// Applies one new event (M21, M24); true if it was for a lease the node held (work
+    /// done, for M28's strike reset).
+    fn apply_event(
+        &mut self,
+        node: &NodeId,
+        epoch: Epoch,
+        event: Event,
+        memory: &mut TerminalMemory,
+        bound: usize,
+    ) -> bool {
         let lease = self
             .leases
             .get(&event.lease)
@@ -87,14 +107,11 @@ impl Mill {
         let cancel = lease
             .and_then(|l| l.cancel.as_ref())
             .map(|c| (c.status, c.cause));
-        let bound = self.config.terminal_memory;
         if let EventKind::Terminal { .. } = &event.kind {
-            if let Some(s) = self.sessions.get_mut(node) {
-                s.remember_terminal(event.lease, bound);
-            }
+            memory.remember(event.lease, bound);
         }
         if !held {
-            return; // M21: not this node's (or already done): skipped, cursor advances
+            return false; // M21: not this node's (or already done): skipped, cursor advances
         }
         match event.kind {
             EventKind::Running => {
@@ -125,6 +142,7 @@ impl Mill {
                 self.end_lease(event.lease, Some(t));
             }
         }
+        true
     }
 }
 

@@ -399,6 +399,9 @@ pub struct Mill {
     strikes: BTreeMap<NodeId, u32>,
     quarantined: BTreeSet<NodeId>,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+    /// Leases whose terminal each (node, epoch) stream delivered (M22), bounded FIFO each.
+    /// Kept per stream, not per connection, so a reconnect does not forget them.
+    terminals: BTreeMap<(NodeId, Epoch), terminals::TerminalMemory>,
 
     /// Boxed: a `Job` is a few hundred bytes, and B-tree nodes shift their values on every
     /// insert and remove.
@@ -447,6 +450,7 @@ impl Mill {
             strikes: BTreeMap::new(),
             quarantined: BTreeSet::new(),
             cursors: BTreeMap::new(),
+            terminals: BTreeMap::new(),
             jobs: BTreeMap::new(),
             queue: BTreeSet::new(),
             leases: BTreeMap::new(),

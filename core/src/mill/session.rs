@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::terminals::TerminalMemory;
 use super::{
     constant_time_eq, reason, CancelPhase, Conn, Mill, MillOutput, MillWrite, Observation,
     RarePath, RequestError, Timer, ViolationKind,
@@ -40,8 +39,11 @@ pub(super) struct Session {
     pub(super) pending_cancels: BTreeMap<LeaseId, Time>,
     /// Seats the mill holds on this node per engine: asks in flight, strays and leases.
     pub(super) held: BTreeMap<String, u32>,
-    /// Leases whose terminal this node's stream delivered (M22), bounded FIFO.
-    pub(super) terminated: TerminalMemory,
+    /// This connection applied an event for a lease the node held: it did real work (M28:
+    /// only such a session, ended without a violation, clears the node's strikes).
+    pub(super) did_work: bool,
+    /// This connection was closed for a violation (M28).
+    pub(super) violated: bool,
 }
 
 impl Session {
@@ -59,7 +61,8 @@ impl Session {
             recovery_since: None,
             pending_cancels: BTreeMap::new(),
             held: BTreeMap::new(),
-            terminated: TerminalMemory::default(),
+            did_work: false,
+            violated: false,
         }
     }
 
@@ -69,16 +72,6 @@ impl Session {
             && self.reconciled
             && self.pending_cancels.is_empty()
             && self.snapshot.is_some()
-    }
-
-    /// Makes room to remember up to `more` terminals (at most `bound` in all) without
-    /// growing the queue once per event.
-    pub(super) fn reserve_terminals(&mut self, more: usize, bound: usize) {
-        self.terminated.reserve(more, bound);
-    }
-
-    pub(super) fn remember_terminal(&mut self, lease: LeaseId, bound: usize) {
-        self.terminated.remember(lease, bound);
     }
 }
 
@@ -126,8 +119,6 @@ impl Mill {
         };
         if let Some(node) = c.node {
             if self.sessions.get(&node).and_then(|s| s.conn) == Some(conn) {
-                // A clean end of a session breaks a run of violation strikes (M28).
-                self.strikes.remove(&node);
                 self.detach(&node);
             }
         }
@@ -333,9 +324,32 @@ impl Mill {
         }
         let at = self.now.plus(self.config.silence_timeout);
         self.arm(at, Timer::Silence(node.clone()));
+        self.forget_idle_epochs(&node, epoch);
         let cursor = self.cursor(&node, epoch);
         self.send(conn, ToExecutor::Welcome { cursor });
         self.reindex(&node);
+    }
+
+    /// M22: terminal memory is kept per (node, epoch) across connections; a Hello of
+    /// `epoch` drops that of the node's other epochs that hold no lease (no event of those
+    /// can be applied any more), so the memory stays bounded by the node's live epochs.
+    fn forget_idle_epochs(&mut self, node: &NodeId, epoch: Epoch) {
+        let idle: Vec<Epoch> = self
+            .terminals
+            .range((node.clone(), Epoch(0))..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|((_, e), _)| *e)
+            .filter(|e| {
+                *e != epoch
+                    && !self.node_leases.get(node).is_some_and(|set| {
+                        set.iter()
+                            .any(|id| self.leases.get(id).is_some_and(|l| l.epoch == *e))
+                    })
+            })
+            .collect();
+        for e in idle {
+            self.terminals.remove(&(node.clone(), e));
+        }
     }
 
     /// M4: the node's connection is gone. Its leases stay; grace starts if not running.
@@ -346,6 +360,12 @@ impl Mill {
             return;
         };
         let conn = s.conn.take();
+        // M28: a run of strikes is broken only by a session that did real work and ended
+        // without a violation. A clean close alone is not enough: a node that violates and
+        // then closes an idle session cleanly would never reach quarantine.
+        let worked_cleanly = conn.is_some() && s.did_work && !s.violated;
+        s.did_work = false;
+        s.violated = false;
         s.reconciled = false;
         s.awaiting_events = None;
         s.snapshot = None;
@@ -356,6 +376,9 @@ impl Mill {
         let grace = *s.grace.get_or_insert(now.plus(grace_len));
         if let Some(conn) = conn {
             self.drop_conn(conn);
+        }
+        if worked_cleanly {
+            self.strikes.remove(node);
         }
         self.arm(grace, Timer::Grace(node.clone()));
         // Silence is watched only on a connection; acks are due only on one.
@@ -406,7 +429,6 @@ impl Mill {
             self.arm(due, Timer::Silence(node));
             return;
         }
-        self.strikes.remove(&node);
         let why = format!(
             "silent for {:?} (silence_timeout)",
             self.config.silence_timeout
@@ -502,6 +524,16 @@ impl Mill {
         self.disarm(&Timer::Grace(node.clone()));
         for lease in s.pending_cancels.keys() {
             self.disarm(&Timer::CancelAck(node.clone(), *lease));
+        }
+        // Its leases are gone, so no event of it can be applied any more (M21).
+        let epochs: Vec<Epoch> = self
+            .terminals
+            .range((node.clone(), Epoch(0))..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|((_, e), _)| *e)
+            .collect();
+        for e in epochs {
+            self.terminals.remove(&(node.clone(), e));
         }
     }
 
@@ -786,6 +818,9 @@ impl Mill {
             kind,
             reason: why.clone(),
         });
+        if let Some(s) = self.sessions.get_mut(node) {
+            s.violated = true;
+        }
         let strikes = self.strikes.entry(node.clone()).or_insert(0);
         *strikes += 1;
         let quarantine = *strikes >= self.config.quarantine_strikes;

@@ -158,6 +158,36 @@ fn m22_an_event_after_a_terminal_is_a_violation() {
 }
 
 #[test]
+fn m22_an_event_after_a_terminal_is_a_violation_on_a_later_connection_of_the_same_epoch() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (_, lease) = h.run_on(a, spec());
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Success))]);
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    // Same store (epoch), new connection: the memory is per (node, epoch), not per session.
+    let again = h.hello_as("a", 1, &[]);
+    h.snapshot(again, 0.0, &[]);
+    h.events(again, 1, vec![(2, lease, EventKind::Running)]);
+    assert_eq!(h.violation_kinds(), vec![ViolationKind::EventAfterTerminal]);
+}
+
+#[test]
+fn m22_a_new_epoch_starts_a_new_stream_with_its_own_memory() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (_, lease) = h.run_on(a, spec());
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Success))]);
+    h.input(MillInput::Disconnected { conn: a }).unwrap();
+    // A wiped store: its stream knows nothing of the old one; the lease is not held, so the
+    // event is skipped (M21), not a violation.
+    let wiped = h.hello_as("a", 2, &[]);
+    h.snapshot(wiped, 0.0, &[]);
+    h.events(wiped, 2, vec![(1, lease, EventKind::Running)]);
+    assert!(h.violations().is_empty());
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(2)), Seqno(1));
+}
+
+#[test]
 fn m22_an_event_after_a_terminal_in_the_same_batch_is_a_violation() {
     let mut h = H::new();
     let a = h.ready("a", 0.0);

@@ -406,12 +406,58 @@ fn m28_violations_in_a_row_quarantine_the_node_and_fail_its_leases() {
 }
 
 #[test]
-fn m28_a_clean_session_end_resets_the_strikes() {
+fn m28_a_node_that_closes_cleanly_after_each_violation_is_still_quarantined() {
+    // The dodge: violate, come back, close an idle session cleanly, repeat. A clean close
+    // that did no work breaks no run of strikes.
+    let mut h = H::new();
+    for strike in 1..=3 {
+        let c = h.hello_as("a", 1, &[]);
+        h.events(c, 2, vec![]);
+        assert_eq!(h.violation_kinds(), vec![ViolationKind::WrongEpoch]);
+        if strike < 3 {
+            let c = h.hello_as("a", 1, &[]);
+            h.snapshot(c, 0.1, &[]);
+            h.input(MillInput::Disconnected { conn: c }).unwrap();
+            assert!(h.mill.quarantined().is_empty());
+        }
+    }
+    assert!(h.mill.quarantined().contains(&node("a")));
+}
+
+#[test]
+fn m28_silence_after_a_violation_does_not_reset_the_strikes() {
+    let mut h = H::new();
+    for _ in 1..=2 {
+        let c = h.hello_as("a", 1, &[]);
+        h.events(c, 2, vec![]);
+        let _idle = h.hello_as("a", 1, &[]);
+        h.advance(h.mill.config().silence_timeout + SEC);
+    }
+    let c = h.hello_as("a", 1, &[]);
+    h.events(c, 2, vec![]);
+    assert!(h.mill.quarantined().contains(&node("a")));
+}
+
+#[test]
+fn m28_a_violation_free_session_that_applied_an_event_resets_the_strikes() {
     let mut h = H::new();
     for _ in 0..5 {
         let c = h.hello_as("a", 1, &[]);
         h.events(c, 2, vec![]);
+        assert_eq!(h.violation_kinds(), vec![ViolationKind::WrongEpoch]);
+        // Two strikes; then a session that runs a job to its terminal and closes cleanly.
         let c = h.hello_as("a", 1, &[]);
+        h.events(c, 2, vec![]);
+        let c = h.hello_as("a", 1, &[]);
+        h.snapshot(c, 0.1, &[]);
+        let (job, lease) = h.run_on(c, spec());
+        let seqno = h.mill.cursor(&node("a"), Epoch(1)).get() + 1;
+        h.events(
+            c,
+            1,
+            vec![(seqno, lease, terminal(TerminalStatus::Success))],
+        );
+        assert!(h.terminal_of(job).is_some());
         h.input(MillInput::Disconnected { conn: c }).unwrap();
     }
     assert!(h.mill.quarantined().is_empty());
