@@ -894,7 +894,10 @@ impl Checker {
                     x.reserved_leases().count() + x.running_leases().count() + p.store.outbox.len();
                 if held <= MAX_ACTIVE_LEASES {
                     let reported = |l: &LeaseId| active_leases.contains(l);
-                    let mut owed = x.reserved_leases().chain(x.running_leases());
+                    let mut owed = x
+                        .reserved_leases()
+                        .chain(x.running_leases())
+                        .chain(p.store.outbox.iter().map(|e| e.lease));
                     if let Some(missing) = owed.find(|l| !reported(l)) {
                         return fail(
                             "I3",
