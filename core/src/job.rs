@@ -168,6 +168,77 @@ impl fmt::Display for TerminalStatus {
     }
 }
 
+/// Why a job ended, as data: what downstream code (metrics, the simulator's checkers, the
+/// HTTP API) matches on. The human text is [`Terminal::error`], beside it (quinn's
+/// `TransportError{code, reason}`); nothing matches on that text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TerminalCause {
+    /// The executor reported the end (an engine's result, or the executor's own account:
+    /// E9 "executor restarted", E12 "executor lost contact with the mill" — the wire does
+    /// not type those yet, so they arrive as the executor's error text).
+    Reported,
+    /// Grace expired without recovery (M5).
+    ExecutorLost,
+    /// The node came back with a new store; a running lease of its old epoch failed (M5).
+    ExecutorReplaced,
+    /// A reconciling snapshot left out a running lease (M8).
+    NoLongerHasJob,
+    /// Its executor was quarantined (M28).
+    Quarantined,
+    /// A client cancelled it (M26).
+    Cancelled,
+    /// Its timeout expired (M18).
+    Timeout,
+    /// A cancel was acked but no terminal came within the teardown timeout (M26).
+    TeardownExceeded,
+    /// Every candidate said it can never run the job (M13).
+    NoCompatibleExecutor,
+    /// Quota refused it for good (M15, Q1).
+    QuotaDenied,
+}
+
+impl TerminalCause {
+    /// A stable snake_case name (metrics labels, JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            TerminalCause::Reported => "reported",
+            TerminalCause::ExecutorLost => "executor_lost",
+            TerminalCause::ExecutorReplaced => "executor_replaced",
+            TerminalCause::NoLongerHasJob => "no_longer_has_job",
+            TerminalCause::Quarantined => "quarantined",
+            TerminalCause::Cancelled => "cancelled",
+            TerminalCause::Timeout => "timeout",
+            TerminalCause::TeardownExceeded => "teardown_exceeded",
+            TerminalCause::NoCompatibleExecutor => "no_compatible_executor",
+            TerminalCause::QuotaDenied => "quota_denied",
+        }
+    }
+
+    /// True when the mill gave up on the executor that held the job (M5, M8, M28): the job
+    /// may still have been running there.
+    pub fn executor_given_up(self) -> bool {
+        match self {
+            TerminalCause::ExecutorLost
+            | TerminalCause::ExecutorReplaced
+            | TerminalCause::NoLongerHasJob
+            | TerminalCause::Quarantined => true,
+            TerminalCause::Reported
+            | TerminalCause::Cancelled
+            | TerminalCause::Timeout
+            | TerminalCause::TeardownExceeded
+            | TerminalCause::NoCompatibleExecutor
+            | TerminalCause::QuotaDenied => false,
+        }
+    }
+}
+
+impl fmt::Display for TerminalCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Where an executor stored a job's log, and its hash (M25).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogRef {
@@ -199,9 +270,12 @@ impl LogRef {
 pub struct Terminal {
     /// How it ended.
     pub status: TerminalStatus,
+    /// Why, as data; `None` only in records written before causes were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<TerminalCause>,
     /// The process exit code, when an engine ran it.
     pub exit_code: Option<i32>,
-    /// Why, for anything but success.
+    /// Why, for anything but success: human text beside `cause`, never matched on.
     pub error: Option<String>,
     /// The log, when an engine produced one.
     pub log: Option<LogRef>,
@@ -213,9 +287,10 @@ pub struct Terminal {
 
 impl Terminal {
     /// A terminal decided by the mill itself, not reported by an engine.
-    pub fn by_mill(status: TerminalStatus, error: impl Into<String>) -> Self {
+    pub fn by_mill(status: TerminalStatus, cause: TerminalCause, error: impl Into<String>) -> Self {
         Terminal {
             status,
+            cause: Some(cause),
             exit_code: None,
             error: Some(error.into()),
             log: None,

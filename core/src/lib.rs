@@ -20,8 +20,11 @@ pub mod executor;
 pub mod job;
 pub mod mill;
 pub mod quota;
+pub mod timers;
 pub mod types;
 pub mod wire;
 
-pub use job::{Identity, JobSpec, JobState, LogRef, SpecError, Terminal, TerminalStatus};
+pub use job::{
+    Identity, JobSpec, JobState, LogRef, SpecError, Terminal, TerminalCause, TerminalStatus,
+};
 pub use types::{ConnId, Epoch, IdError, JobId, LeaseId, NodeId, Resources, Seqno, Time};

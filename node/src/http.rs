@@ -328,8 +328,12 @@ pub struct JobView {
     pub lease: Option<u64>,
     /// Exit code, when a process ran.
     pub exit_code: Option<i32>,
-    /// Why it did not succeed.
+    /// Why it did not succeed, for people.
     pub error: Option<String>,
+    /// Why it ended, as a stable name (`reported`, `executor_lost`, `cancelled`, …): what
+    /// scripts should match on instead of `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
     /// The executor's log reference (path and sha256).
     pub log: Option<serde_json::Value>,
     /// Status history, oldest first.
@@ -368,6 +372,10 @@ fn view(row: &JobRow) -> JobView {
         lease,
         exit_code,
         error,
+        cause: match &row.state {
+            JobState::Done(t) => t.cause.map(|c| c.name().to_string()),
+            JobState::Queued | JobState::Reserved { .. } | JobState::Running { .. } => None,
+        },
         log,
         history: Vec::new(),
     }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use millrace_core::job::{JobState, TerminalStatus};
-use millrace_core::mill::{LeaseState, Mill};
+use millrace_core::mill::{LeaseState, Mill, ViolationKind};
 use millrace_core::quota::Scope;
 use millrace_core::{Epoch, NodeId, Seqno};
 
@@ -15,9 +15,6 @@ use millrace_core::{Epoch, NodeId, Seqno};
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-
-/// Most distinct violation kinds kept apart; the rest count as `other`.
-const MAX_KINDS: usize = 32;
 
 /// A Prometheus histogram with fixed buckets.
 #[derive(Debug, Default, Clone)]
@@ -113,15 +110,9 @@ impl MillMetrics {
         }
     }
 
-    /// A violation closure.
-    pub fn violation(&mut self, reason: &str) {
-        let kind = violation_kind(reason);
-        let kind = if self.violations.len() >= MAX_KINDS && !self.violations.contains_key(kind) {
-            "other"
-        } else {
-            kind
-        };
-        *self.violations.entry(kind).or_default() += 1;
+    /// A violation closure, counted by the kind the core reports (never by its text).
+    pub fn violation(&mut self, kind: ViolationKind) {
+        *self.violations.entry(kind.name()).or_default() += 1;
     }
 
     /// Prometheus text exposition of everything, with gauges read from `mill`.
@@ -304,42 +295,21 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// A bounded set of violation kinds, from the core's reason text.
-pub fn violation_kind(reason: &str) -> &'static str {
-    let r = reason.to_ascii_lowercase();
-    let table: [(&str, &'static str); 10] = [
-        ("epoch", "wrong_epoch"),
-        ("gap", "seqno_gap"),
-        ("after a terminal", "event_after_terminal"),
-        ("after its terminal", "event_after_terminal"),
-        ("log", "bad_log_ref"),
-        ("resource", "bad_resources"),
-        ("reserveresult", "unasked_reserve_result"),
-        ("snapshot", "bad_snapshot"),
-        ("hello", "second_hello"),
-        ("batch", "bad_event_batch"),
-    ];
-    table
-        .iter()
-        .find(|(needle, _)| r.contains(needle))
-        .map_or("other", |(_, kind)| kind)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn m28_violation_reasons_map_to_a_bounded_set_of_kinds() {
-        assert_eq!(
-            violation_kind("protocol violation: event batch for epoch e1 on a session of epoch e2"),
-            "wrong_epoch"
-        );
-        assert_eq!(violation_kind("protocol violation: something new"), "other");
+    fn m28_violations_are_counted_by_their_kind() {
         let mut m = MillMetrics::default();
-        for i in 0..100 {
-            m.violation(&format!("protocol violation: {i}"));
+        for _ in 0..3 {
+            m.violation(ViolationKind::WrongEpoch);
         }
-        assert_eq!(m.violations.get("other"), Some(&100));
+        for kind in ViolationKind::ALL {
+            m.violation(kind);
+        }
+        assert_eq!(m.violations.get("wrong_epoch"), Some(&4));
+        assert_eq!(m.violations.get("seqno_gap"), Some(&1));
+        assert_eq!(m.violations.len(), ViolationKind::ALL.len());
     }
 }

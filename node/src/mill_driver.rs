@@ -602,9 +602,9 @@ impl Driver {
                 let _ = self.latency_us.record(us.min(3_600_000_000));
                 tracing::debug!(%job, %lease, %node, ?latency, "placed");
             }
-            Observation::Violation { node, reason } => {
-                self.metrics.violation(&reason);
-                tracing::warn!(%node, %reason, "protocol violation");
+            Observation::Violation { node, kind, reason } => {
+                self.metrics.violation(kind);
+                tracing::warn!(%node, %kind, %reason, "protocol violation");
             }
             Observation::Quarantined { node } => {
                 self.metrics.quarantined += 1;

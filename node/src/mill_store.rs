@@ -634,7 +634,11 @@ mod tests {
                     },
                     MillWrite::JobState {
                         job: JobId(2),
-                        state: JobState::Done(Terminal::by_mill(TerminalStatus::Cancelled, "x")),
+                        state: JobState::Done(Terminal::by_mill(
+                            TerminalStatus::Cancelled,
+                            millrace_core::TerminalCause::Cancelled,
+                            "x",
+                        )),
                     },
                     MillWrite::Cursor {
                         node: node.clone(),

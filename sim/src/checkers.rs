@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
-use millrace_core::job::{JobSpec, JobState, Terminal, TerminalStatus};
+use millrace_core::job::{JobSpec, JobState, Terminal, TerminalCause, TerminalStatus};
 use millrace_core::mill::{MillBatch, MillWrite};
 use millrace_core::quota::Scope;
 use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill};
@@ -492,11 +492,16 @@ impl Checker {
             }
         }
         let error = t.error.as_deref().unwrap_or("");
-        // The mill's own verdicts (M5, M8); "executor lost contact with the mill" is the
-        // executor's self-fencing terminal (E12), an engine-side result.
-        let lost = error == "executor lost"
-            || error.starts_with("executor lost (")
-            || error == "executor no longer has the job";
+        // The mill's own verdicts (M5, M8), by cause, never by text; the executor's
+        // self-fencing terminal (E12) is `Reported`, an engine-side result.
+        let lost = matches!(
+            t.cause,
+            Some(
+                TerminalCause::ExecutorLost
+                    | TerminalCause::ExecutorReplaced
+                    | TerminalCause::NoLongerHasJob
+            )
+        );
         if !lost || !w.execs[exec].honest() {
             return Ok(());
         }

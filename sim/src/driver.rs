@@ -12,7 +12,7 @@ use millrace_core::codec;
 use millrace_core::executor::{
     Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot, ExecutorWrite,
 };
-use millrace_core::job::{JobSpec, LogRef, TerminalStatus};
+use millrace_core::job::{JobSpec, LogRef, TerminalCause, TerminalStatus};
 use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::JobState;
@@ -924,12 +924,12 @@ impl Sim {
                     {
                         self.times
                             .terminal(*job, now, t.status == TerminalStatus::Success);
-                        let error = t.error.as_deref().unwrap_or("");
+                        // Coverage by cause, never by the text beside it.
                         if t.status == TerminalStatus::Timeout {
                             self.cov.hit(Path::JobTimeout);
-                        } else if error.starts_with("no compatible executor") {
+                        } else if t.cause == Some(TerminalCause::NoCompatibleExecutor) {
                             self.cov.hit(Path::NoCompatibleExecutor);
-                        } else if error.starts_with("quota denied") {
+                        } else if t.cause == Some(TerminalCause::QuotaDenied) {
                             self.cov.hit(Path::QuotaDenied);
                         }
                     }
@@ -1012,14 +1012,14 @@ impl Sim {
                         }
                     }
                 }
-                Observation::Violation { node, reason } => {
+                Observation::Violation { node, kind, reason } => {
                     self.stats.violations += 1;
                     if let Some(i) = self.w.exec_of(&node) {
                         if self.w.execs[i].honest() {
                             self.violate(Violation {
                                 rule: "I8",
                                 message: format!(
-                                    "honest {node} charged with a violation: {reason}"
+                                    "honest {node} charged with a {kind} violation: {reason}"
                                 ),
                             });
                         }

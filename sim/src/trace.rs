@@ -384,8 +384,8 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
                         secs(latency.as_micros() as u64)
                     );
                 }
-                Observation::Violation { node, reason } => {
-                    let _ = write!(s, "violation {node} {reason:?}");
+                Observation::Violation { node, kind, reason } => {
+                    let _ = write!(s, "violation {node} {kind} {reason:?}");
                 }
                 Observation::Quarantined { node } => {
                     let _ = write!(s, "quarantined {node}");

@@ -71,7 +71,7 @@ impl Executor {
                     charged: charged.clone(),
                     expires: now.plus(ttl),
                 };
-                self.seats.reserved.insert(lease, reservation);
+                self.hold_reservation(lease, reservation);
                 accepted(lease, charged)
             }
             Err(Refusal::Transient(reason)) => rejected(lease, RejectKind::Transient, reason),
@@ -89,7 +89,7 @@ impl Executor {
         lease: LeaseId,
         secrets: BTreeMap<String, String>,
     ) {
-        let committed = if let Some(reservation) = self.seats.reserved.remove(&lease) {
+        let committed = if let Some(reservation) = self.take_reservation(lease) {
             let Reservation {
                 job, spec, charged, ..
             } = reservation;
@@ -122,13 +122,13 @@ impl Executor {
 
     /// E8: drop a reservation; a running job is left alone (only a cancel stops it).
     pub(super) fn on_release(&mut self, lease: LeaseId) {
-        self.seats.reserved.remove(&lease);
+        self.take_reservation(lease);
     }
 
     /// E7: ack at once; drop a reservation; stop a running job, whose terminal will be
     /// Cancelled when the engine reports it stopped.
     pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
-        self.seats.reserved.remove(&lease);
+        self.take_reservation(lease);
         let stop = match self.seats.running.get_mut(&lease) {
             Some(job) if job.stop.is_none() => {
                 job.stop = Some(StopReason::Cancel(bounded_error(reason)));
@@ -253,7 +253,10 @@ impl Executor {
                 stopping.push(*lease);
             }
         }
-        self.seats.reserved.clear();
+        let reserved: Vec<LeaseId> = self.seats.reserved.keys().copied().collect();
+        for lease in reserved {
+            self.take_reservation(lease);
+        }
         let grace = self.config.stop_grace;
         for lease in stopping {
             self.emit(ExecutorOutput::StopJob { lease, grace });

@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::job::{JobSpec, LogRef, TerminalStatus};
+use crate::timers::TimerTable;
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Time};
 use crate::wire::{ToExecutor, ToMill};
 
@@ -156,6 +157,18 @@ pub enum StartError {
     Store(#[from] StoreError),
 }
 
+/// One deadline of the executor, keyed in its timer table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    /// A reservation's ttl (E3); stopped when the seat is committed, released or cancelled.
+    Expire(LeaseId),
+    /// Self-fencing (E12); set only while a running job would be stopped by it.
+    Fence,
+    /// The connection's next step: dial, give up on a silent peer, or the periodic snapshot
+    /// (E10, E11). Always set: an executor always has a next thing to do about its link.
+    Link,
+}
+
 /// Live-log budget per `snapshot_interval` window.
 #[derive(Debug, Clone)]
 struct LiveLogWindow {
@@ -170,6 +183,8 @@ pub struct Executor {
     /// What is durable: changed only through `persist`.
     durable: ExecutorSnapshot,
     seats: Seats,
+    /// Every deadline, keyed (STYLE 13): nothing that ended keeps one.
+    timers: TimerTable<Timer>,
     link: Link,
     backoff: Backoff,
     /// When the mill last said something we accepted (E12, silence).
@@ -194,6 +209,7 @@ impl Executor {
             config,
             durable: store,
             seats: Seats::default(),
+            timers: TimerTable::default(),
             link: Link::Down { retry_at: now },
             backoff,
             last_heard: now,
@@ -207,6 +223,7 @@ impl Executor {
         };
         executor.fail_jobs_of_previous_process();
         executor.run_timers(now);
+        executor.sync_timers();
         executor
     }
 
@@ -243,6 +260,7 @@ impl Executor {
             ExecutorInput::Tick => {}
         }
         self.snapshot_if_availability_changed();
+        self.sync_timers();
     }
 
     /// The next thing the driver must do, in order.
@@ -253,14 +271,79 @@ impl Executor {
 
     /// When to call `handle(now, Tick)` next.
     pub fn next_deadline(&self) -> Option<Time> {
-        [
-            self.seats.next_expiry(),
-            self.fence_deadline(),
-            self.link_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.timers.next_deadline()
+    }
+
+    /// How many timers are set: one per reservation, the link's, and self-fencing's while
+    /// a job runs. Read-only, for benches and tests.
+    pub fn timer_count(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Checks the timer table against the state; `Err` names the first mismatch: a
+    /// reservation without its ttl, a ttl of no reservation, or a fence or link deadline
+    /// other than the state implies.
+    pub fn check_timers(&self) -> Result<(), String> {
+        for (key, at) in self.timers.iter() {
+            let live = match key {
+                Timer::Expire(lease) => self.seats.reserved.get(lease).map(|r| r.expires),
+                Timer::Fence => self.fence_deadline(),
+                Timer::Link => self.link_deadline(),
+            };
+            if live != Some(at) {
+                return Err(format!("timer {key:?} at {at:?}, the state says {live:?}"));
+            }
+        }
+        for (lease, r) in &self.seats.reserved {
+            if self.timers.get(&Timer::Expire(*lease)) != Some(r.expires) {
+                return Err(format!("reservation {lease} has no ttl timer"));
+            }
+        }
+        for (key, want) in [
+            (Timer::Fence, self.fence_deadline()),
+            (Timer::Link, self.link_deadline()),
+        ] {
+            if self.timers.get(&key) != want {
+                return Err(format!(
+                    "{key:?}: timer {:?}, state {want:?}",
+                    self.timers.get(&key)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the derived deadlines (fence, link) from the state after each input; the
+    /// reservations' ttls are set and stopped with their seats.
+    fn sync_timers(&mut self) {
+        for (key, at) in [
+            (Timer::Fence, self.fence_deadline()),
+            (Timer::Link, self.link_deadline()),
+        ] {
+            match at {
+                Some(at) => self.timers.set(key, at),
+                None => {
+                    self.timers.stop(&key);
+                }
+            }
+        }
+        if cfg!(debug_assertions) && self.timers.len() <= 512 {
+            if let Err(e) = self.check_timers() {
+                panic!("executor timer table out of step: {e}");
+            }
+        }
+    }
+
+    /// Holds a seat for `lease` until its ttl (E3).
+    fn hold_reservation(&mut self, lease: LeaseId, reservation: seats::Reservation) {
+        self.timers.set(Timer::Expire(lease), reservation.expires);
+        self.seats.reserved.insert(lease, reservation);
+    }
+
+    /// Lets a reservation go (committed, released, cancelled or expired), with its ttl.
+    fn take_reservation(&mut self, lease: LeaseId) -> Option<seats::Reservation> {
+        self.timers.stop(&Timer::Expire(lease));
+        self.seats.reserved.remove(&lease)
     }
 
     /// This executor's name.
@@ -324,7 +407,21 @@ impl Executor {
     /// Everything time-driven, at `now`: reservation ttl (E3), self-fencing (E12), and the
     /// connection's timers (E10, E11, silence).
     fn run_timers(&mut self, now: Time) {
-        self.seats.expire(now);
+        // Reservation ttls fire from the table; fence and link are judged from the state
+        // (their timers are only re-set after the input, by `sync_timers`).
+        let mut due = Vec::new();
+        while let Some((_, key)) = self.timers.pop_due(now) {
+            due.push(key);
+        }
+        for key in due {
+            match key {
+                Timer::Expire(lease) => {
+                    let r = self.seats.reserved.remove(&lease);
+                    debug_assert!(r.is_none_or(|r| r.expires <= now), "early ttl of {lease}");
+                }
+                Timer::Fence | Timer::Link => {}
+            }
+        }
         if self.fence_deadline().is_some_and(|d| now >= d) {
             self.fence();
         }

@@ -98,18 +98,6 @@ impl Seats {
             .sum();
         reserved.saturating_add(running)
     }
-
-    /// Drops reservations whose ttl ran out (E3); true if any did.
-    pub(super) fn expire(&mut self, now: Time) -> bool {
-        let before = self.reserved.len();
-        self.reserved.retain(|_, r| r.expires > now);
-        self.reserved.len() != before
-    }
-
-    /// The earliest reservation expiry.
-    pub(super) fn next_expiry(&self) -> Option<Time> {
-        self.reserved.values().map(|r| r.expires).min()
-    }
 }
 
 /// Whether a job could ever run here, and what its seat charges: `jobs: 1` plus every

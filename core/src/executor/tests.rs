@@ -1392,3 +1392,52 @@ fn one_input_sequence_gives_one_output_sequence() {
     assert_eq!(ta, tb);
     assert_eq!(a, b);
 }
+
+// ---------------------------------------------------------------------------- the timer table
+
+/// Every timer of `h`'s executor watches something live, and everything live has its timer.
+fn audited(h: &Harness) {
+    if let Err(e) = h.exec.check_timers() {
+        panic!("timer table: {e}");
+    }
+}
+
+#[test]
+fn e3_a_reservation_that_ends_leaves_no_ttl_behind() {
+    let mut h = Harness::ready(config());
+    let baseline = h.exec.timer_count();
+    assert_eq!(
+        baseline, 1,
+        "an idle welcomed executor waits only on its link"
+    );
+    // Released, cancelled, committed: each takes its ttl with it.
+    h.reserve(L1, spec("shell"));
+    assert_eq!(h.exec.timer_count(), baseline + 1);
+    h.mill(ToExecutor::ReleaseLease { lease: L1 });
+    assert_eq!(h.exec.timer_count(), baseline);
+    h.reserve(L2, spec("shell"));
+    h.mill(ToExecutor::CancelAttempt {
+        lease: L2,
+        reason: "user".into(),
+    });
+    assert_eq!(h.exec.timer_count(), baseline);
+    audited(&h);
+    h.run(L3, "shell");
+    // Running: self-fencing watches it (E12); no ttl is left for the committed seat.
+    assert_eq!(h.exec.timer_count(), baseline + 1);
+    audited(&h);
+    h.exited(L3, TerminalStatus::Success);
+    assert_eq!(h.exec.timer_count(), baseline);
+    audited(&h);
+}
+
+#[test]
+fn e3_an_expired_reservation_fires_once_and_is_gone() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    audited(&h);
+    h.advance(secs(46));
+    assert_eq!(h.exec.reserved_leases().count(), 0);
+    assert_eq!(h.exec.timer_count(), 1);
+    audited(&h);
+}

@@ -1,7 +1,7 @@
 //! Cancels (M26, M27) and job timeouts (M18).
 
 use super::{reason, CancelPhase, LeaseCancel, LeaseState, Mill, Observation, Phase, RarePath};
-use crate::job::{Terminal, TerminalStatus};
+use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{JobId, LeaseId, Time};
 use crate::wire::ToExecutor;
 
@@ -18,7 +18,12 @@ impl Mill {
         } else {
             why
         });
-        self.stop_job(job, why, TerminalStatus::Cancelled);
+        self.stop_job(
+            job,
+            why,
+            TerminalStatus::Cancelled,
+            TerminalCause::Cancelled,
+        );
         Ok(())
     }
 
@@ -26,19 +31,19 @@ impl Mill {
     pub(super) fn job_timed_out(&mut self, job: JobId, fired: Time) {
         if self.jobs.get(&job).is_some_and(|j| j.deadline == fired) {
             let why = "job timeout exceeded".to_string();
-            self.stop_job(job, why, TerminalStatus::Timeout);
+            self.stop_job(job, why, TerminalStatus::Timeout, TerminalCause::Timeout);
         }
     }
 
     /// Ends a job with `status`: at once if nothing runs it, else through a cancel of its
     /// lease (M26).
-    fn stop_job(&mut self, job: JobId, why: String, status: TerminalStatus) {
+    fn stop_job(&mut self, job: JobId, why: String, status: TerminalStatus, cause: TerminalCause) {
         let Some(j) = self.jobs.get(&job) else {
             return;
         };
         let lease = match &j.phase {
             Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } => {
-                return self.finish_job(job, Terminal::by_mill(status, why));
+                return self.finish_job(job, Terminal::by_mill(status, cause, why));
             }
             Phase::Leased(lease) => *lease,
         };
@@ -55,7 +60,7 @@ impl Mill {
                 // never stops a running job (E8): send a cancel instead, which stops either.
                 let node = l.node.clone();
                 let committing = l.commit_out;
-                let mut t = Terminal::by_mill(status, why.clone());
+                let mut t = Terminal::by_mill(status, cause, why.clone());
                 t.node = Some(node.clone());
                 t.lease = Some(lease);
                 self.end_lease(lease, Some(t));
@@ -70,6 +75,7 @@ impl Mill {
                 l.cancel = Some(LeaseCancel {
                     reason: why.clone(),
                     status,
+                    cause,
                     phase: CancelPhase::Waiting,
                 });
                 let node = l.node.clone();
@@ -102,7 +108,7 @@ impl Mill {
             "{} (node teardown exceeded {:?})",
             c.reason, self.config.cancel_teardown_timeout
         );
-        let mut t = Terminal::by_mill(c.status, reason(why));
+        let mut t = Terminal::by_mill(c.status, TerminalCause::TeardownExceeded, reason(why));
         t.node = Some(l.node.clone());
         t.lease = Some(lease);
         self.observe(Observation::Rare(RarePath::TeardownDeadline));

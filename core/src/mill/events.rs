@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 
 use super::terminals::TerminalMemory;
-use super::{LeaseState, Mill, MillWrite};
-use crate::job::{Terminal, TerminalStatus};
+use super::{LeaseState, Mill, MillWrite, ViolationKind};
+use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{Epoch, LeaseId, NodeId, Seqno};
 use crate::wire::{self, Event, EventKind, ToExecutor};
 
@@ -24,7 +24,7 @@ impl Mill {
                 "event batch for epoch {epoch} on a session of epoch {}",
                 s.epoch
             );
-            return self.violation(node, &what);
+            return self.violation(node, ViolationKind::WrongEpoch, &what);
         }
         if events.len() > wire::MAX_BATCH_EVENTS {
             let what = format!(
@@ -32,11 +32,14 @@ impl Mill {
                 events.len(),
                 wire::MAX_BATCH_EVENTS
             );
-            return self.violation(node, &what);
+            return self.violation(node, ViolationKind::Oversize, &what);
         }
         let cursor = self.cursor(node, epoch);
-        if let Err(what) = check_batch(cursor, &events, &s.terminated) {
-            return self.violation(node, &what);
+        let key = (node.clone(), epoch);
+        let empty = TerminalMemory::default();
+        let memory = self.terminals.get(&key).unwrap_or(&empty);
+        if let Err((kind, what)) = check_batch(cursor, &events, memory) {
+            return self.violation(node, kind, &what);
         }
         // Each new event writes at most three records (lease delete, quota release, job
         // state) and one client update; sized once instead of grown per event.
@@ -44,18 +47,27 @@ impl Mill {
         self.writes.reserve(3 * new + 1);
         self.out.reserve(new + 2);
         let bound = self.config.terminal_memory;
-        if let Some(s) = self.sessions.get_mut(node) {
-            s.reserve_terminals(new, bound);
-        }
+        // Taken out while the batch is applied, put back after: one lookup per batch.
+        let mut memory = self.terminals.remove(&key).unwrap_or_default();
+        memory.reserve(new, bound);
         let mut up_to = cursor;
         let mut applied_any = false;
+        let mut worked = false;
         for event in events {
             if event.seqno <= cursor {
                 continue; // M20: a replay, dropped
             }
             up_to = event.seqno;
             applied_any = true;
-            self.apply_event(node, epoch, event);
+            worked |= self.apply_event(node, epoch, event, &mut memory, bound);
+        }
+        if !memory.is_empty() {
+            self.terminals.insert(key, memory);
+        }
+        if worked {
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.did_work = true;
+            }
         }
         if up_to > cursor {
             self.cursors.insert((node.clone(), epoch), up_to);
@@ -75,8 +87,16 @@ impl Mill {
         self.send(conn, ToExecutor::Ack { epoch, up_to });
     }
 
-    /// Applies one new event (M21, M24).
-    fn apply_event(&mut self, node: &NodeId, epoch: Epoch, event: Event) {
+    /// Applies one new event (M21, M24); true if it was for a lease the node held (work
+    /// done, for M28's strike reset).
+    fn apply_event(
+        &mut self,
+        node: &NodeId,
+        epoch: Epoch,
+        event: Event,
+        memory: &mut TerminalMemory,
+        bound: usize,
+    ) -> bool {
         let lease = self
             .leases
             .get(&event.lease)
@@ -84,15 +104,14 @@ impl Mill {
         let held = lease.is_some();
         let reserved = lease.is_some_and(|l| l.state == LeaseState::Reserved);
         // A job stopped for its timeout reports Cancelled; it ended by Timeout (M18).
-        let cancel_status = lease.and_then(|l| l.cancel.as_ref()).map(|c| c.status);
-        let bound = self.config.terminal_memory;
+        let cancel = lease
+            .and_then(|l| l.cancel.as_ref())
+            .map(|c| (c.status, c.cause));
         if let EventKind::Terminal { .. } = &event.kind {
-            if let Some(s) = self.sessions.get_mut(node) {
-                s.remember_terminal(event.lease, bound);
-            }
+            memory.remember(event.lease, bound);
         }
         if !held {
-            return; // M21: not this node's (or already done): skipped, cursor advances
+            return false; // M21: not this node's (or already done): skipped, cursor advances
         }
         match event.kind {
             EventKind::Running => {
@@ -106,12 +125,14 @@ impl Mill {
                 error,
                 log,
             } => {
-                let status = match cancel_status {
-                    Some(c) if status == TerminalStatus::Cancelled => c,
-                    _ => status,
+                // A stop the mill asked for ended it: that cancel is the cause (M26, M18).
+                let (status, cause) = match cancel {
+                    Some((c, cause)) if status == TerminalStatus::Cancelled => (c, cause),
+                    _ => (status, TerminalCause::Reported),
                 };
                 let t = Terminal {
                     status,
+                    cause: Some(cause),
                     exit_code,
                     error,
                     log,
@@ -121,6 +142,7 @@ impl Mill {
                 self.end_lease(event.lease, Some(t));
             }
         }
+        true
     }
 }
 
@@ -130,7 +152,11 @@ impl Mill {
 /// with a sorted list of the batch's terminals; only a batch that has one pays for the set
 /// of leases ended so far. Either way the checks run in event order and the first failure
 /// is reported.
-fn check_batch(cursor: Seqno, events: &[Event], terminated: &TerminalMemory) -> Result<(), String> {
+fn check_batch(
+    cursor: Seqno,
+    events: &[Event],
+    terminated: &TerminalMemory,
+) -> Result<(), (ViolationKind, String)> {
     check_events(
         cursor,
         events,
@@ -171,15 +197,18 @@ fn check_events(
     events: &[Event],
     terminated: &TerminalMemory,
     track_ended: bool,
-) -> Result<(), String> {
+) -> Result<(), (ViolationKind, String)> {
     let mut prev: Option<Seqno> = None;
     let mut expected = cursor.next();
     let mut ended_here: BTreeSet<LeaseId> = BTreeSet::new();
     for e in events {
         if prev.is_some_and(|p| e.seqno <= p) {
-            return Err(format!(
-                "event seqnos must increase within a batch: {} after {:?}",
-                e.seqno, prev
+            return Err((
+                ViolationKind::SeqnoOrder,
+                format!(
+                    "event seqnos must increase within a batch: {} after {:?}",
+                    e.seqno, prev
+                ),
             ));
         }
         prev = Some(e.seqno);
@@ -187,30 +216,39 @@ fn check_events(
             continue;
         }
         if e.seqno != expected {
-            return Err(format!(
-                "seqno gap: expected {expected}, got {} (M20)",
-                e.seqno
+            return Err((
+                ViolationKind::SeqnoGap,
+                format!("seqno gap: expected {expected}, got {} (M20)", e.seqno),
             ));
         }
         expected = expected.next();
         if terminated.contains(e.lease) || ended_here.contains(&e.lease) {
-            return Err(format!(
-                "event {} for lease {} after its terminal (M22)",
-                e.seqno, e.lease
+            return Err((
+                ViolationKind::EventAfterTerminal,
+                format!(
+                    "event {} for lease {} after its terminal (M22)",
+                    e.seqno, e.lease
+                ),
             ));
         }
         if let EventKind::Terminal { error, log, .. } = &e.kind {
             if error.as_ref().is_some_and(|t| t.len() > wire::MAX_REASON) {
-                return Err(format!("event {}: error text over 4096 bytes", e.seqno));
+                return Err((
+                    ViolationKind::Oversize,
+                    format!("event {}: error text over 4096 bytes", e.seqno),
+                ));
             }
             if let Some(log) = log {
                 if !log.is_valid_for(e.lease) {
-                    return Err(format!(
-                        "event {}: log reference {:?} / {:?} must be logs/{}.log with a sha256 (M25)",
-                        e.seqno,
-                        crate::types::bounded_reason(log.path.clone(), 256),
-                        crate::types::bounded_reason(log.hash.clone(), 80),
-                        e.lease.get()
+                    return Err((
+                        ViolationKind::BadLogRef,
+                        format!(
+                            "event {}: log reference {:?} / {:?} must be logs/{}.log with a sha256 (M25)",
+                            e.seqno,
+                            crate::types::bounded_reason(log.path.clone(), 256),
+                            crate::types::bounded_reason(log.hash.clone(), 80),
+                            e.lease.get()
+                        ),
                     ));
                 }
             }

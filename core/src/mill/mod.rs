@@ -11,6 +11,7 @@
 //! `placement` (ranking, bids, quota admission, publish and commit), `events` (sequenced event
 //! batches), `cancel` (cancels and timeouts), `restart` (restore from a snapshot).
 
+mod audit;
 mod cancel;
 mod config;
 mod events;
@@ -33,6 +34,7 @@ pub use view::SessionView;
 
 use crate::job::{JobSpec, JobState, SpecError, Terminal};
 use crate::quota::QuotaLedger;
+use crate::timers::TimerTable;
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
 use crate::wire::{ToExecutor, ToMill};
 
@@ -153,7 +155,9 @@ pub enum Observation {
     Violation {
         /// The executor.
         node: NodeId,
-        /// What it did.
+        /// What kind of violation: what metrics and checkers match on.
+        kind: ViolationKind,
+        /// What it did, for people (never matched on).
         reason: String,
     },
     /// A node was quarantined (M28).
@@ -170,6 +174,75 @@ pub enum Observation {
     },
     /// A rarely taken path was taken.
     Rare(RarePath),
+}
+
+/// A kind of protocol violation the mill detects (M28): data beside the human reason, as
+/// quinn's `TransportError{code, reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ViolationKind {
+    /// A second `Hello` on one session (M1).
+    SecondHello,
+    /// A message over a bound: a snapshot's engines or leases, a batch's events, a reason or
+    /// error text (DESIGN §3, STYLE 6).
+    Oversize,
+    /// A snapshot with an invalid engine name or load (M7).
+    BadSnapshot,
+    /// A snapshot seqno that does not exceed the last one (M7).
+    SnapshotRegression,
+    /// An event batch for another epoch than the session's (M19).
+    WrongEpoch,
+    /// Event seqnos that do not increase within a batch (M20).
+    SeqnoOrder,
+    /// A gap in the event seqnos (M20).
+    SeqnoGap,
+    /// An event for a lease after its terminal (M22).
+    EventAfterTerminal,
+    /// A log reference that is not `logs/<lease>.log` with a sha256 (M25).
+    BadLogRef,
+    /// A `ReserveResult` for an ask not made of this node, or answered twice (M12).
+    UnaskedReserveResult,
+    /// An acceptance claiming invalid resources (M14).
+    BadResources,
+}
+
+impl ViolationKind {
+    /// Every kind, in order (for metrics that list zero counts).
+    pub const ALL: [ViolationKind; 11] = [
+        ViolationKind::SecondHello,
+        ViolationKind::Oversize,
+        ViolationKind::BadSnapshot,
+        ViolationKind::SnapshotRegression,
+        ViolationKind::WrongEpoch,
+        ViolationKind::SeqnoOrder,
+        ViolationKind::SeqnoGap,
+        ViolationKind::EventAfterTerminal,
+        ViolationKind::BadLogRef,
+        ViolationKind::UnaskedReserveResult,
+        ViolationKind::BadResources,
+    ];
+
+    /// A stable snake_case name (metrics labels, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::SecondHello => "second_hello",
+            ViolationKind::Oversize => "oversize",
+            ViolationKind::BadSnapshot => "bad_snapshot",
+            ViolationKind::SnapshotRegression => "snapshot_regression",
+            ViolationKind::WrongEpoch => "wrong_epoch",
+            ViolationKind::SeqnoOrder => "seqno_order",
+            ViolationKind::SeqnoGap => "seqno_gap",
+            ViolationKind::EventAfterTerminal => "event_after_terminal",
+            ViolationKind::BadLogRef => "bad_log_ref",
+            ViolationKind::UnaskedReserveResult => "unasked_reserve_result",
+            ViolationKind::BadResources => "bad_resources",
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Rare paths the simulator must reach (issue 4, item 9).
@@ -199,8 +272,9 @@ pub enum RarePath {
     OldEpochLeaseFailed,
 }
 
-/// One decision a `Tick` may take, keyed in the timer wheel. Every timer is checked against
-/// the state when it fires, so a stale one does nothing.
+/// One decision a `Tick` may take, keyed in the timer table: each key has at most one
+/// deadline, set while the thing it watches is live and stopped when that thing ends (see
+/// [`Mill::check_timers`]). A timer is still checked against the state when it fires.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Handshake(ConnId),
@@ -226,6 +300,8 @@ struct LeaseCancel {
     reason: String,
     /// `Cancelled` for a user cancel, `Timeout` for M18.
     status: crate::job::TerminalStatus,
+    /// The matching cause (`Cancelled` or `Timeout`).
+    cause: crate::job::TerminalCause,
     phase: CancelPhase,
 }
 
@@ -295,6 +371,9 @@ pub struct Mill {
     strikes: BTreeMap<NodeId, u32>,
     quarantined: BTreeSet<NodeId>,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+    /// Leases whose terminal each (node, epoch) stream delivered (M22), bounded FIFO each.
+    /// Kept per stream, not per connection, so a reconnect does not forget them.
+    terminals: BTreeMap<(NodeId, Epoch), terminals::TerminalMemory>,
 
     /// Boxed: a `Job` is a few hundred bytes, and B-tree nodes shift their values on every
     /// insert and remove.
@@ -315,7 +394,7 @@ pub struct Mill {
     next_lease: LeaseId,
     lease_floor: LeaseId,
 
-    timers: BTreeSet<(Time, Timer)>,
+    timers: TimerTable<Timer>,
     placement_dirty: bool,
     /// Bumped on every change that may let a waiting job be placed (M13).
     change_seq: u64,
@@ -343,6 +422,7 @@ impl Mill {
             strikes: BTreeMap::new(),
             quarantined: BTreeSet::new(),
             cursors: BTreeMap::new(),
+            terminals: BTreeMap::new(),
             jobs: BTreeMap::new(),
             queue: BTreeSet::new(),
             leases: BTreeMap::new(),
@@ -355,7 +435,7 @@ impl Mill {
             next_job: JobId(1),
             next_lease: LeaseId(1),
             lease_floor: LeaseId(1),
-            timers: BTreeSet::new(),
+            timers: TimerTable::default(),
             placement_dirty: false,
             change_seq: 0,
             writes: Vec::new(),
@@ -427,8 +507,15 @@ impl Mill {
     }
 
     /// When to call `handle(now, Tick)` next, if anything is scheduled.
+    /// `None` exactly when nothing is pending: every timer belongs to something live.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.timers.first().map(|(t, _)| *t)
+        self.timers.next_deadline()
+    }
+
+    /// How many timers are set (one per live deadline: a job's timeout, a session's
+    /// silence or grace, an ask, a commit, a cancel…). Read-only, for benches and tests.
+    pub fn timer_count(&self) -> usize {
+        self.timers.len()
     }
 
     /// The config in force.
@@ -531,8 +618,20 @@ impl Mill {
         self.emit(MillOutput::Observed(o));
     }
 
+    /// Sets `timer` to fire at `at`, replacing the deadline it had.
     fn arm(&mut self, at: Time, timer: Timer) {
-        self.timers.insert((at, timer));
+        self.timers.set(timer, at);
+    }
+
+    /// Stops `timer`: what it watched has ended or no longer needs it.
+    fn disarm(&mut self, timer: &Timer) {
+        self.timers.stop(timer);
+    }
+
+    /// Forgets a connection and its handshake deadline.
+    fn drop_conn(&mut self, conn: ConnId) -> Option<Conn> {
+        self.disarm(&Timer::Handshake(conn));
+        self.conns.remove(&conn)
     }
 
     /// Ends a step: runs placement if anything changed, then emits one `Persist` with every
@@ -552,6 +651,7 @@ impl Mill {
             self.out
                 .insert(self.step_start, MillOutput::Persist(MillBatch { writes }));
         }
+        self.debug_check_timers();
     }
 
     fn wake_placement(&mut self) {
@@ -560,13 +660,7 @@ impl Mill {
     }
 
     fn on_tick(&mut self) {
-        while let Some((at, _)) = self.timers.first() {
-            if *at > self.now {
-                break;
-            }
-            let Some((at, timer)) = self.timers.pop_first() else {
-                break;
-            };
+        while let Some((at, timer)) = self.timers.pop_due(self.now) {
             self.fire(at, timer);
         }
     }
@@ -649,6 +743,7 @@ impl Mill {
         let Some(j) = self.jobs.remove(&job) else {
             return;
         };
+        self.disarm(&Timer::JobTimeout(job));
         self.queue.remove(&job);
         if let Phase::Bidding(round) = j.phase {
             self.abandon_round(round);
@@ -706,6 +801,8 @@ impl Mill {
         let Some(l) = self.leases.remove(&lease) else {
             return;
         };
+        self.disarm(&Timer::Commit(lease));
+        self.disarm(&Timer::Teardown(lease));
         if let Some(set) = self.node_leases.get_mut(&l.node) {
             set.remove(&lease);
             if set.is_empty() {

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
+    ViolationKind,
 };
-use crate::job::{JobState, Terminal, TerminalStatus};
+use crate::job::{JobState, Terminal, TerminalCause, TerminalStatus};
 use crate::quota::Acquire;
 use crate::types::{validate_resources, JobId, LeaseId, NodeId, Resources};
 use crate::wire::{RejectKind, ToExecutor};
@@ -232,6 +233,24 @@ pub(super) struct BidRound {
     soft_failure: bool,
 }
 
+impl BidRound {
+    /// The deadline of `lease` if it is an ask of this round still waiting for an answer.
+    pub(super) fn open_ask_deadline(&self, lease: LeaseId) -> Option<crate::types::Time> {
+        self.asks
+            .get(&lease)
+            .filter(|a| a.accepted.is_none())
+            .map(|a| a.deadline)
+    }
+
+    /// Asks of this round still waiting for an answer, with their deadlines.
+    pub(super) fn open_asks(&self) -> impl Iterator<Item = (LeaseId, crate::types::Time)> + '_ {
+        self.asks
+            .iter()
+            .filter(|(_, a)| a.accepted.is_none())
+            .map(|(l, a)| (*l, a.deadline))
+    }
+}
+
 impl Mill {
     /// Marks `node`'s place in the rank index as stale; [`Mill::flush_index`] recomputes it
     /// before the index is next read, so a batch of changes to one node costs one update.
@@ -428,7 +447,12 @@ impl Mill {
         // Nobody can take it now.
         if !round.soft_failure && !round.incompatible.is_empty() {
             let why = format!("no compatible executor: {}", round.incompatible.join("; "));
-            return self.finish_job(job, Terminal::by_mill(TerminalStatus::Failed, reason(why)));
+            let t = Terminal::by_mill(
+                TerminalStatus::Failed,
+                TerminalCause::NoCompatibleExecutor,
+                reason(why),
+            );
+            return self.finish_job(job, t);
         }
         self.release_quota(job, false);
         if let Some(j) = self.jobs.get_mut(&job) {
@@ -474,6 +498,18 @@ impl Mill {
         ))
     }
 
+    /// The ask of `lease` is over (answered, expired, or its round ended): its deadline goes.
+    fn forget_ask(&mut self, lease: LeaseId) {
+        self.asks.remove(&lease);
+        self.disarm(&Timer::Ask(lease));
+    }
+
+    /// Takes a stray ask out, with its deadline.
+    fn take_stray(&mut self, lease: LeaseId) -> Option<(NodeId, String)> {
+        self.disarm(&Timer::Stray(lease));
+        self.strays.remove(&lease)
+    }
+
     /// Tells `node` to drop a reservation, if it is connected.
     fn release_remote(&mut self, node: &NodeId, lease: LeaseId) {
         if let Some(conn) = self.sessions.get(node).and_then(|s| s.conn) {
@@ -484,7 +520,7 @@ impl Mill {
     /// The bid's round is over for this ask: release an acceptance at once, or remember an
     /// ask still in flight so its acceptance is released when it comes (M12).
     fn drop_ask(&mut self, engine: &str, lease: LeaseId, ask: Ask) {
-        self.asks.remove(&lease);
+        self.forget_ask(lease);
         match ask.accepted {
             Some(_) => {
                 self.release_remote(&ask.node, lease);
@@ -514,12 +550,16 @@ impl Mill {
         resources: Resources,
     ) {
         if why.len() > crate::wire::MAX_REASON {
-            return self.violation(node, "ReserveResult reason exceeds 4096 bytes");
+            return self.violation(
+                node,
+                ViolationKind::Oversize,
+                "ReserveResult reason exceeds 4096 bytes",
+            );
         }
         if let Some((stray_node, engine)) = self.strays.get(&lease) {
             if stray_node == node {
                 let engine = engine.clone();
-                self.strays.remove(&lease);
+                self.take_stray(lease);
                 if accepted {
                     self.release_remote(node, lease);
                 }
@@ -541,21 +581,23 @@ impl Mill {
         if !asked_here || round.asks.get(&lease).is_some_and(|a| a.accepted.is_some()) {
             self.put_round(job, round);
             let what = format!("ReserveResult for lease {lease} that was not asked of it");
-            return self.violation(node, &what);
+            return self.violation(node, ViolationKind::UnaskedReserveResult, &what);
         }
         if accepted {
             if let Err(e) = validate_resources(&resources) {
                 // M14: the bid counts as failed; the session closes, which fails the ask.
                 self.put_round(job, round);
                 let what = format!("invalid resource claim for lease {lease}: {e}");
-                return self.violation(node, &what);
+                return self.violation(node, ViolationKind::BadResources, &what);
             }
             if let Some(a) = round.asks.get_mut(&lease) {
                 a.accepted = Some(resources);
             }
+            // Answered: its deadline no longer applies (M12).
+            self.disarm(&Timer::Ask(lease));
         } else {
             round.asks.remove(&lease);
-            self.asks.remove(&lease);
+            self.forget_ask(lease);
             self.job_seat_released(node, job);
             match reject {
                 Some(RejectKind::Incompatible) => {
@@ -585,7 +627,7 @@ impl Mill {
             .is_some_and(|a| a.accepted.is_none() && a.deadline == fired);
         if expired {
             if let Some(ask) = round.asks.remove(&lease) {
-                self.asks.remove(&lease);
+                self.forget_ask(lease);
                 self.release_remote(&ask.node, lease);
                 self.job_seat_released(&ask.node, job);
                 round.soft_failure = true;
@@ -595,7 +637,7 @@ impl Mill {
     }
 
     pub(super) fn stray_expired(&mut self, lease: LeaseId) {
-        if let Some((node, engine)) = self.strays.remove(&lease) {
+        if let Some((node, engine)) = self.take_stray(lease) {
             self.release_remote(&node, lease);
             self.seat_released(&node, Some(&engine));
         }
@@ -610,7 +652,7 @@ impl Mill {
             .map(|(l, _)| *l)
             .collect();
         for lease in strays {
-            if let Some((_, engine)) = self.strays.remove(&lease) {
+            if let Some((_, engine)) = self.take_stray(lease) {
                 self.seat_released(node, Some(&engine));
             }
         }
@@ -631,7 +673,7 @@ impl Mill {
             }
             for lease in lost {
                 round.asks.remove(&lease);
-                self.asks.remove(&lease);
+                self.forget_ask(lease);
                 self.job_seat_released(node, job);
             }
             round.soft_failure = true;
@@ -644,7 +686,7 @@ impl Mill {
         let Some(win) = round.asks.remove(&winner) else {
             return self.put_round(job, round);
         };
-        self.asks.remove(&winner);
+        self.forget_ask(winner);
         for (lease, ask) in std::mem::take(&mut round.asks) {
             self.drop_ask(&round.engine, lease, ask);
         }
@@ -675,6 +717,7 @@ impl Mill {
                 self.job_seat_released(&node, job);
                 let t = Terminal::by_mill(
                     TerminalStatus::Failed,
+                    TerminalCause::QuotaDenied,
                     reason(format!("quota denied: {why}")),
                 );
                 self.finish_job(job, t);
@@ -783,6 +826,7 @@ impl Mill {
         let Some(conn) = conn else {
             // Not now: no commit is out, so `maybe_ready` sends it once the node is ready.
             l.commit_sent = None;
+            self.disarm(&Timer::Commit(lease));
             return;
         };
         let due = self.now.plus(self.config.bid_timeout);
@@ -845,6 +889,7 @@ impl Mill {
         }
         l.state = LeaseState::Running;
         l.commit_sent = None;
+        self.timers.stop(&Timer::Commit(lease));
         let (job, node) = (l.job, l.node.clone());
         // I1: the mill never holds two committed leases for one job: the lease that runs is
         // the one the job's phase names.

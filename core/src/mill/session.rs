@@ -3,12 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::terminals::TerminalMemory;
 use super::{
     constant_time_eq, reason, CancelPhase, Conn, Mill, MillOutput, MillWrite, Observation,
-    RarePath, RequestError, Timer,
+    RarePath, RequestError, Timer, ViolationKind,
 };
-use crate::job::{Terminal, TerminalStatus};
+use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
 
@@ -40,8 +39,11 @@ pub(super) struct Session {
     pub(super) pending_cancels: BTreeMap<LeaseId, Time>,
     /// Seats the mill holds on this node per engine: asks in flight, strays and leases.
     pub(super) held: BTreeMap<String, u32>,
-    /// Leases whose terminal this node's stream delivered (M22), bounded FIFO.
-    pub(super) terminated: TerminalMemory,
+    /// This connection applied an event for a lease the node held: it did real work (M28:
+    /// only such a session, ended without a violation, clears the node's strikes).
+    pub(super) did_work: bool,
+    /// This connection was closed for a violation (M28).
+    pub(super) violated: bool,
 }
 
 impl Session {
@@ -59,7 +61,8 @@ impl Session {
             recovery_since: None,
             pending_cancels: BTreeMap::new(),
             held: BTreeMap::new(),
-            terminated: TerminalMemory::default(),
+            did_work: false,
+            violated: false,
         }
     }
 
@@ -69,16 +72,6 @@ impl Session {
             && self.reconciled
             && self.pending_cancels.is_empty()
             && self.snapshot.is_some()
-    }
-
-    /// Makes room to remember up to `more` terminals (at most `bound` in all) without
-    /// growing the queue once per event.
-    pub(super) fn reserve_terminals(&mut self, more: usize, bound: usize) {
-        self.terminated.reserve(more, bound);
-    }
-
-    pub(super) fn remember_terminal(&mut self, lease: LeaseId, bound: usize) {
-        self.terminated.remember(lease, bound);
     }
 }
 
@@ -112,7 +105,7 @@ impl Mill {
 
     pub(super) fn handshake_expired(&mut self, conn: ConnId) {
         if matches!(self.conns.get(&conn), Some(Conn { node: None })) {
-            self.conns.remove(&conn);
+            self.drop_conn(conn);
             self.emit(MillOutput::Close {
                 conn,
                 reason: "no Hello within silence_timeout".into(),
@@ -121,13 +114,11 @@ impl Mill {
     }
 
     pub(super) fn on_disconnected(&mut self, conn: ConnId) {
-        let Some(c) = self.conns.remove(&conn) else {
+        let Some(c) = self.drop_conn(conn) else {
             return;
         };
         if let Some(node) = c.node {
             if self.sessions.get(&node).and_then(|s| s.conn) == Some(conn) {
-                // A clean end of a session breaks a run of violation strikes (M28).
-                self.strikes.remove(&node);
                 self.detach(&node);
             }
         }
@@ -161,7 +152,7 @@ impl Mill {
                 return;
             }
             (None, _) => {
-                self.conns.remove(&conn);
+                self.drop_conn(conn);
                 self.emit(MillOutput::Close {
                     conn,
                     reason: "the first message must be Hello".into(),
@@ -179,7 +170,11 @@ impl Mill {
         }
         s.last_heard = self.now;
         match msg {
-            ToMill::Hello { .. } => self.violation(&node, "a second Hello on one session"),
+            ToMill::Hello { .. } => self.violation(
+                &node,
+                ViolationKind::SecondHello,
+                "a second Hello on one session",
+            ),
             ToMill::Snapshot {
                 seqno,
                 engines,
@@ -210,7 +205,7 @@ impl Mill {
     }
 
     fn refuse(&mut self, conn: ConnId, why: String) {
-        self.conns.remove(&conn);
+        self.drop_conn(conn);
         self.send(
             conn,
             ToExecutor::Refused {
@@ -284,7 +279,7 @@ impl Mill {
                 let carried = old.grace;
                 let since = old.recovery_since.unwrap_or(self.now);
                 if let Some(old_conn) = old.conn {
-                    self.conns.remove(&old_conn);
+                    self.drop_conn(old_conn);
                     self.emit(MillOutput::Close {
                         conn: old_conn,
                         reason: "replaced by a new session".into(),
@@ -322,14 +317,39 @@ impl Mill {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.node = Some(node.clone());
         }
-        if let Some((g, _)) = grace {
-            self.arm(g, Timer::Grace(node.clone()));
+        self.disarm(&Timer::Handshake(conn));
+        match grace {
+            Some((g, _)) => self.arm(g, Timer::Grace(node.clone())),
+            None => self.disarm(&Timer::Grace(node.clone())),
         }
         let at = self.now.plus(self.config.silence_timeout);
         self.arm(at, Timer::Silence(node.clone()));
+        self.forget_idle_epochs(&node, epoch);
         let cursor = self.cursor(&node, epoch);
         self.send(conn, ToExecutor::Welcome { cursor });
         self.reindex(&node);
+    }
+
+    /// M22: terminal memory is kept per (node, epoch) across connections; a Hello of
+    /// `epoch` drops that of the node's other epochs that hold no lease (no event of those
+    /// can be applied any more), so the memory stays bounded by the node's live epochs.
+    fn forget_idle_epochs(&mut self, node: &NodeId, epoch: Epoch) {
+        let idle: Vec<Epoch> = self
+            .terminals
+            .range((node.clone(), Epoch(0))..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|((_, e), _)| *e)
+            .filter(|e| {
+                *e != epoch
+                    && !self.node_leases.get(node).is_some_and(|set| {
+                        set.iter()
+                            .any(|id| self.leases.get(id).is_some_and(|l| l.epoch == *e))
+                    })
+            })
+            .collect();
+        for e in idle {
+            self.terminals.remove(&(node.clone(), e));
+        }
     }
 
     /// M4: the node's connection is gone. Its leases stay; grace starts if not running.
@@ -339,9 +359,13 @@ impl Mill {
         let Some(s) = self.sessions.get_mut(node) else {
             return;
         };
-        if let Some(conn) = s.conn.take() {
-            self.conns.remove(&conn);
-        }
+        let conn = s.conn.take();
+        // M28: a run of strikes is broken only by a session that did real work and ended
+        // without a violation. A clean close alone is not enough: a node that violates and
+        // then closes an idle session cleanly would never reach quarantine.
+        let worked_cleanly = conn.is_some() && s.did_work && !s.violated;
+        s.did_work = false;
+        s.violated = false;
         s.reconciled = false;
         s.awaiting_events = None;
         s.snapshot = None;
@@ -350,7 +374,18 @@ impl Mill {
             s.recovery_since = Some(now);
         }
         let grace = *s.grace.get_or_insert(now.plus(grace_len));
+        if let Some(conn) = conn {
+            self.drop_conn(conn);
+        }
+        if worked_cleanly {
+            self.strikes.remove(node);
+        }
         self.arm(grace, Timer::Grace(node.clone()));
+        // Silence is watched only on a connection; acks are due only on one.
+        self.disarm(&Timer::Silence(node.clone()));
+        for lease in &pending {
+            self.disarm(&Timer::CancelAck(node.clone(), *lease));
+        }
         // Tracked cancels go out again when the node is ready; untracked ones are found again
         // by the next reconcile.
         for lease in pending {
@@ -362,7 +397,9 @@ impl Mill {
         if let Some(ids) = self.node_leases.get(node) {
             for id in ids {
                 if let Some(l) = self.leases.get_mut(id) {
-                    l.commit_sent = None;
+                    if l.commit_sent.take().is_some() {
+                        self.timers.stop(&Timer::Commit(*id));
+                    }
                 }
             }
         }
@@ -392,7 +429,6 @@ impl Mill {
             self.arm(due, Timer::Silence(node));
             return;
         }
-        self.strikes.remove(&node);
         let why = format!(
             "silent for {:?} (silence_timeout)",
             self.config.silence_timeout
@@ -467,7 +503,11 @@ impl Mill {
                 // lost in the wipe: placing it again would run it twice (I1). Only a lease
                 // never committed is placed again.
                 if state == super::LeaseState::Running || commit_out {
-                    self.fail_lease(id, "executor lost (its store was replaced)".into());
+                    self.fail_lease(
+                        id,
+                        TerminalCause::ExecutorReplaced,
+                        "executor lost (its store was replaced)".into(),
+                    );
                 } else {
                     self.end_lease(id, None);
                 }
@@ -479,31 +519,56 @@ impl Mill {
             return;
         }
         for id in leases {
-            self.fail_lease(id, "executor lost".into());
+            self.fail_lease(id, TerminalCause::ExecutorLost, "executor lost".into());
         }
         if let Some(conn) = self.sessions.get(&node).and_then(|s| s.conn) {
-            self.conns.remove(&conn);
+            self.drop_conn(conn);
             self.emit(MillOutput::Close {
                 conn,
                 reason: "recovery did not complete within reconnect_grace".into(),
             });
         }
         self.fail_asks_to(&node);
-        self.sessions.remove(&node);
+        self.forget_session(&node);
         self.rank.remove(&node);
         self.wake_placement();
     }
 
+    /// Drops a node's session and every timer it owned (silence, grace, cancel acks).
+    fn forget_session(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.remove(node) else {
+            return;
+        };
+        if let Some(conn) = s.conn {
+            self.drop_conn(conn);
+        }
+        self.disarm(&Timer::Silence(node.clone()));
+        self.disarm(&Timer::Grace(node.clone()));
+        for lease in s.pending_cancels.keys() {
+            self.disarm(&Timer::CancelAck(node.clone(), *lease));
+        }
+        // Its leases are gone, so no event of it can be applied any more (M21).
+        let epochs: Vec<Epoch> = self
+            .terminals
+            .range((node.clone(), Epoch(0))..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|((_, e), _)| *e)
+            .collect();
+        for e in epochs {
+            self.terminals.remove(&(node.clone(), e));
+        }
+    }
+
     /// Ends a lease whose executor can no longer be trusted to finish it: failed with `why`,
     /// or with its pending cancel's status and reason (M5).
-    pub(super) fn fail_lease(&mut self, id: LeaseId, why: String) {
+    pub(super) fn fail_lease(&mut self, id: LeaseId, cause: TerminalCause, why: String) {
         let Some(l) = self.leases.get(&id) else {
             return;
         };
         let cancelled = l.cancel.is_some();
         let mut t = match &l.cancel {
-            Some(c) => Terminal::by_mill(c.status, c.reason.clone()),
-            None => Terminal::by_mill(TerminalStatus::Failed, why),
+            Some(c) => Terminal::by_mill(c.status, c.cause, c.reason.clone()),
+            None => Terminal::by_mill(TerminalStatus::Failed, cause, why),
         };
         t.node = Some(l.node.clone());
         t.lease = Some(id);
@@ -546,7 +611,11 @@ impl Mill {
         outbox_high: Seqno,
     ) {
         if engines.len() > wire::MAX_ENGINES || active.len() > wire::MAX_ACTIVE_LEASES {
-            return self.violation(node, "snapshot exceeds the engine or lease bound");
+            return self.violation(
+                node,
+                ViolationKind::Oversize,
+                "snapshot exceeds the engine or lease bound",
+            );
         }
         for (name, e) in &engines {
             let bad_load = e.load.len() > wire::MAX_LOAD_ENTRIES
@@ -555,7 +624,7 @@ impl Mill {
                     .any(|(k, v)| !crate::types::valid_name(k) || !(0.0..=1.0).contains(v));
             if !crate::types::valid_name(name) || bad_load {
                 let why = format!("snapshot engine {name:?}: loads must be 0..=1 with valid names");
-                return self.violation(node, &why);
+                return self.violation(node, ViolationKind::BadSnapshot, &why);
             }
         }
         let Some(s) = self.sessions.get_mut(node) else {
@@ -564,7 +633,7 @@ impl Mill {
         if let Some((last, _)) = &s.snapshot {
             if seqno <= *last {
                 let why = format!("snapshot seqno {seqno} does not exceed {last} (M7)");
-                return self.violation(node, &why);
+                return self.violation(node, ViolationKind::SnapshotRegression, &why);
             }
         }
         s.snapshot = Some((seqno, engines));
@@ -631,7 +700,11 @@ impl Mill {
             match l.state {
                 super::LeaseState::Running => {
                     self.observe(Observation::Rare(RarePath::ReconcileFailedLease));
-                    self.fail_lease(*id, "executor no longer has the job".into());
+                    self.fail_lease(
+                        *id,
+                        TerminalCause::NoLongerHasJob,
+                        "executor no longer has the job".into(),
+                    );
                 }
                 // Never committed there: nothing ran, place it again.
                 super::LeaseState::Reserved => self.end_lease(*id, None),
@@ -713,6 +786,7 @@ impl Mill {
                 s.grace = None;
                 s.recovery_since = None;
             }
+            self.disarm(&Timer::Grace(node.clone()));
         }
         for id in ids {
             let resend = self.leases.get(&id).is_some_and(|l| {
@@ -735,6 +809,7 @@ impl Mill {
         if s.pending_cancels.remove(&lease).is_none() {
             return; // a repeat, or for a cancel we no longer wait on
         }
+        self.disarm(&Timer::CancelAck(node.clone(), lease));
         let teardown = self.now.plus(self.config.cancel_teardown_timeout);
         if let Some(c) = self.leases.get_mut(&lease).and_then(|l| l.cancel.as_mut()) {
             if c.phase == CancelPhase::Sent {
@@ -762,12 +837,16 @@ impl Mill {
     }
 
     /// M28: close the session; `quarantine_strikes` in a row quarantine the node.
-    pub(super) fn violation(&mut self, node: &NodeId, what: &str) {
+    pub(super) fn violation(&mut self, node: &NodeId, kind: ViolationKind, what: &str) {
         let why = reason(format!("protocol violation: {what}"));
         self.observe(Observation::Violation {
             node: node.clone(),
+            kind,
             reason: why.clone(),
         });
+        if let Some(s) = self.sessions.get_mut(node) {
+            s.violated = true;
+        }
         let strikes = self.strikes.entry(node.clone()).or_insert(0);
         *strikes += 1;
         let quarantine = *strikes >= self.config.quarantine_strikes;
@@ -790,10 +869,14 @@ impl Mill {
             .map(|set| set.iter().copied().collect())
             .unwrap_or_default();
         for id in leases {
-            self.fail_lease(id, format!("executor {node} quarantined"));
+            self.fail_lease(
+                id,
+                TerminalCause::Quarantined,
+                format!("executor {node} quarantined"),
+            );
         }
         self.fail_asks_to(node);
-        self.sessions.remove(node);
+        self.forget_session(node);
         self.rank.remove(node);
         self.wake_placement();
     }

@@ -1,4 +1,4 @@
-//! The recent-terminals memory of one session (M22): the last `bound` distinct leases whose
+//! The recent-terminals memory of one (node, epoch) event stream (M22): the last `bound` distinct leases whose
 //! terminal the node's stream delivered, forgotten oldest first.
 
 use std::collections::VecDeque;
@@ -30,6 +30,11 @@ impl TerminalMemory {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.order.len()
+    }
+
+    /// True when nothing is remembered.
+    pub(super) fn is_empty(&self) -> bool {
+        self.order.is_empty()
     }
 
     /// Makes room for up to `more` terminals (at most `bound` in all) at once.

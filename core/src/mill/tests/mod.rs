@@ -7,6 +7,7 @@ mod placement;
 mod restart;
 mod review;
 mod sessions;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -378,6 +379,17 @@ impl H {
             .iter()
             .filter_map(|o| match o {
                 MillOutput::Observed(Observation::Violation { reason, .. }) => Some(reason.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The kinds of this step's violations, in order.
+    pub fn violation_kinds(&self) -> Vec<ViolationKind> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Observed(Observation::Violation { kind, .. }) => Some(*kind),
                 _ => None,
             })
             .collect()

@@ -308,7 +308,7 @@ fn m14_an_invalid_resource_claim_is_a_violation_and_the_bid_fails() {
     h.submit(spec());
     let la = h.asks(a)[0];
     h.accept(a, la, charge(&[("cpu", 0)]));
-    assert!(h.violations()[0].contains("invalid resource claim"));
+    assert_eq!(h.violation_kinds(), vec![ViolationKind::BadResources]);
     assert!(h.closed(a).is_some());
     assert_eq!(h.asks(b).len(), 1, "the next candidate is asked");
 }

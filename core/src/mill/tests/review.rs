@@ -818,8 +818,8 @@ impl Chaos {
 /// structure agrees with the others, every seat the mill counts is accounted for, and every
 /// wait has a timer that will end it (I9).
 fn check_invariants(m: &Mill, ask_node: &BTreeMap<LeaseId, NodeId>, at: &str) {
-    let armed = |t: Time, timer: Timer| m.timers.contains(&(t, timer));
-    let armed_any = |f: &dyn Fn(&Timer) -> bool| m.timers.iter().any(|(_, t)| f(t));
+    let armed = |t: Time, timer: Timer| m.timers.get(&timer) == Some(t);
+    let armed_any = |f: &dyn Fn(&Timer) -> bool| m.timers.iter().any(|(t, _)| f(t));
     for (id, l) in &m.leases {
         let j = m
             .jobs
