@@ -164,7 +164,7 @@ fn the_twelve_situations_of_issue_6_each_have_a_scenario_that_requires_its_count
         // Issue 10.
         ("mill-restart-leases", "restart-with-published-leases"),
         ("driver-lag", "late-tick"),
-        ("driver-lag", "event-near-grace-expiry"),
+        ("disk-wipe", "event-near-grace-expiry"),
         ("commit-crash", "crash-before-commit-persisted"),
         ("commit-crash", "lost-commit-kept-epoch"),
         ("partition-during-cancel", "cancel-resent-after-reconnect"),
