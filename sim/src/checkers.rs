@@ -144,6 +144,10 @@ struct CancelRec {
     /// When the engine run must have stopped, if the node was connected and ready then:
     /// `at + cancel_ack_timeout + stop_grace`, with the connections it could ack on.
     deadline: Option<(Micros, Vec<ConnId>)>,
+    /// When the mill must have recorded the job's terminal, on the same condition:
+    /// `at + cancel_ack_timeout + cancel_teardown_timeout` + slack (M26), whether or not
+    /// the engine honours the stop.
+    teardown: Option<(Micros, Vec<ConnId>)>,
 }
 
 /// A durable lease, as the checker saw it written.
@@ -237,6 +241,8 @@ pub struct Checker {
     cancels: BTreeMap<JobId, CancelRec>,
     /// When an executor first received a `CancelAttempt` for a lease (I11).
     cancel_seen: BTreeMap<(usize, LeaseId), Micros>,
+    /// The connection the mill last sent a `CancelAttempt` for a lease on (M26, I11).
+    cancel_sent: BTreeMap<LeaseId, ConnId>,
     /// The connection and mill incarnation each `ReserveSeat` went out on.
     ask_conn: BTreeMap<LeaseId, (ConnId, u32)>,
     /// Leases the mill sent a `ReleaseLease` or `CancelAttempt` for.
@@ -274,6 +280,7 @@ impl Checker {
             job_runs: BTreeMap::new(),
             cancels: BTreeMap::new(),
             cancel_seen: BTreeMap::new(),
+            cancel_sent: BTreeMap::new(),
             ask_conn: BTreeMap::new(),
             let_go: BTreeSet::new(),
             running: BTreeSet::new(),
@@ -946,8 +953,12 @@ impl Checker {
                 compatible("I7", exec, p, spec, *job)?;
                 self.ask_conn.insert(*lease, (conn, w.mill_inc));
             }
-            ToExecutor::ReleaseLease { lease } | ToExecutor::CancelAttempt { lease, .. } => {
+            ToExecutor::ReleaseLease { lease } => {
                 self.let_go.insert(*lease);
+            }
+            ToExecutor::CancelAttempt { lease, .. } => {
+                self.let_go.insert(*lease);
+                self.cancel_sent.insert(*lease, conn);
             }
             ToExecutor::CommitLease { lease, .. } => {
                 let stored = w
@@ -1260,6 +1271,7 @@ impl Checker {
     pub fn sample(&mut self, w: &World) -> Result<(), Violation> {
         self.i1_stop_bound(w)?;
         self.i11_stop_bound(w)?;
+        self.i11_cancel_sent(w)?;
         self.reservations_known(w)?;
         if (w.now / SEC) % 10 < 2 {
             self.quota_within_limits(w)?;
@@ -1333,6 +1345,7 @@ impl Checker {
             _ => None,
         };
         let mut deadline = None;
+        let mut teardown = None;
         if let (Some((exec, lease)), Some(m)) = (target, &w.mill) {
             let p = &w.execs[exec];
             let epoch = self.leases.get(&lease).map(|r| r.epoch);
@@ -1353,6 +1366,12 @@ impl Checker {
                 .collect();
             if ready && !conns.is_empty() {
                 let bound = dur(w.mill_cfg.cancel_ack_timeout) + dur(p.cfg.stop_grace);
+                // The teardown deadline is a timer of the mill's: a lagging driver may
+                // handle it up to its lag late (I12), inside the slack.
+                let end = dur(w.mill_cfg.cancel_ack_timeout)
+                    + dur(w.mill_cfg.cancel_teardown_timeout)
+                    + 5 * SEC;
+                teardown = Some((w.now + end, conns.clone()));
                 deadline = Some((w.now + bound, conns));
             }
         }
@@ -1361,7 +1380,105 @@ impl Checker {
             mill_inc: w.mill_inc,
             target,
             deadline,
+            teardown,
         });
+    }
+
+    /// I11 with M26's teardown deadline: a cancel accepted while the job's node was
+    /// connected and ready ends the job in the mill's books within `cancel_ack_timeout +
+    /// cancel_teardown_timeout` (+ slack for a lagging driver) as long as that connection
+    /// stays open and the mill does not restart — even when the engine never stops (a kill
+    /// that does not take): the user's cancel must not wait on a stuck process.
+    fn i11_teardown_bound(&mut self, w: &World) -> Result<(), Violation> {
+        let now = w.now;
+        let due: Vec<JobId> = self
+            .cancels
+            .iter()
+            .filter(|(_, c)| c.teardown.as_ref().is_some_and(|(d, _)| now > *d))
+            .map(|(j, _)| *j)
+            .collect();
+        for job in due {
+            let Some(c) = self.cancels.get_mut(&job) else {
+                continue;
+            };
+            let Some((deadline, conns)) = c.teardown.take() else {
+                continue;
+            };
+            if c.mill_inc != w.mill_inc || self.terminals.contains_key(&job) {
+                continue;
+            }
+            let connected = w.mill.is_some()
+                && conns.iter().any(|id| {
+                    w.net
+                        .conns
+                        .get(id)
+                        .is_some_and(|k| k.mill_open && k.exec_open && k.mill_inc == w.mill_inc)
+                });
+            if !connected {
+                continue;
+            }
+            return fail(
+                "I11",
+                format!(
+                    "{job}: cancel accepted at {} (leased as {:?}), node connected throughout, yet the mill has recorded no terminal by {} (M26: cancel_ack_timeout + cancel_teardown_timeout)",
+                    secs(c.at),
+                    c.target,
+                    secs(deadline)
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// I11 with M26's "a cancel for a disconnected node is sent when its session becomes
+    /// ready": once the mill has reconciled the job's node on a connection (same mill
+    /// incarnation, same epoch as the lease), a `CancelAttempt` for the lease has gone out
+    /// on that connection — unless the lease has ended, or the executor already received
+    /// the cancel on an earlier connection (it is stopping the job; E7).
+    fn i11_cancel_sent(&mut self, w: &World) -> Result<(), Violation> {
+        let Some(m) = &w.mill else {
+            return Ok(());
+        };
+        for (job, c) in &self.cancels {
+            let Some((exec, lease)) = c.target else {
+                continue;
+            };
+            if c.mill_inc != w.mill_inc
+                || self.terminals.contains_key(job)
+                || self.cancel_seen.contains_key(&(exec, lease))
+            {
+                continue;
+            }
+            let p = &w.execs[exec];
+            let live = w
+                .mill_store
+                .leases
+                .get(&lease)
+                .is_some_and(|l| l.node == p.node);
+            let Some(epoch) = self.leases.get(&lease).map(|r| r.epoch) else {
+                continue;
+            };
+            if !live {
+                continue;
+            }
+            let Some(v) = m.session_views().find(|v| v.node == &p.node) else {
+                continue;
+            };
+            let (Some(conn), true) = (v.conn, v.reconciled) else {
+                continue;
+            };
+            if v.epoch != epoch || self.cancel_sent.get(&lease) == Some(&conn) {
+                continue;
+            }
+            return fail(
+                "I11",
+                format!(
+                    "{job}: cancel accepted at {} for {lease} on x{exec}; the mill reconciled x{exec} on {conn} but sent no CancelAttempt there (M26: a cancel waiting for its node goes out when the session is ready)",
+                    secs(c.at)
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Executor `exec` received a `CancelAttempt` for `lease` (I11).
@@ -1375,6 +1492,7 @@ impl Checker {
     /// teardown deadline and I1's bound.
     fn i11_stop_bound(&mut self, w: &World) -> Result<(), Violation> {
         let now = w.now;
+        self.i11_teardown_bound(w)?;
         let due: Vec<JobId> = self
             .cancels
             .iter()

@@ -130,11 +130,22 @@ impl Executor {
     pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
         self.take_reservation(lease);
         let stop = match self.seats.running.get_mut(&lease) {
-            Some(job) if job.stop.is_none() => {
-                job.stop = Some(StopReason::Cancel(bounded_error(reason)));
-                true
-            }
-            Some(_) | None => false,
+            Some(job) => match job.stop {
+                None => {
+                    job.stop = Some(StopReason::Cancel(bounded_error(reason)));
+                    true
+                }
+                // E7/I11: a cancel that reaches a job already being fenced (E12: its stop
+                // was asked for while cut off, and the engine has not exited yet) decides
+                // its status: the user asked for this stop, and the run is ending anyway.
+                // The engine is already stopping, so no second StopJob.
+                Some(StopReason::Fence) => {
+                    job.stop = Some(StopReason::Cancel(bounded_error(reason)));
+                    false
+                }
+                Some(StopReason::Cancel(_)) => false,
+            },
+            None => false,
         };
         if stop {
             let grace = self.config.stop_grace;

@@ -842,6 +842,55 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
     );
 }
 
+/// Found by I11 (driver-lag seed 12): the job was being fenced (E12) when the executor got
+/// back in touch and the mill's pending cancel arrived before the engine exited; the cancel
+/// decides the status, not the fencing.
+#[test]
+fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.disconnect();
+    let mut stopped = false;
+    while !stopped {
+        let (_, outs) = h.until_deadline();
+        stopped = outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::StopJob { lease: L1, .. }));
+        if !stopped && outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    // Back in touch before the engine exits; the mill's pending cancel arrives (M26).
+    while !h
+        .until_deadline()
+        .1
+        .iter()
+        .any(|o| matches!(o, ExecutorOutput::Connect))
+    {}
+    h.connect(Seqno(0));
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "cancelled by alice".into(),
+    });
+    assert_eq!(
+        names(&outs),
+        ["send:CancelAck"],
+        "already stopping: no second stop"
+    );
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    let events = batches(&outs).concat();
+    let appended: Vec<_> = writes(&outs)
+        .into_iter()
+        .filter_map(|w| match w {
+            ExecutorWrite::Append(e) => Some(e.kind),
+            _ => None,
+        })
+        .collect();
+    let want = terminal(TerminalStatus::Cancelled, Some("cancelled by alice"));
+    assert_eq!(appended, std::slice::from_ref(&want));
+    assert!(events.iter().all(|e| e.kind == want), "{events:?}");
+}
+
 #[test]
 fn e7_cancel_of_unknown_lease_is_acked() {
     let mut h = Harness::ready(config());

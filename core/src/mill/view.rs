@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::Mill;
-use crate::types::{Epoch, NodeId, Time};
+use crate::types::{ConnId, Epoch, NodeId, Time};
 
 /// One executor session as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,11 @@ pub struct SessionView<'a> {
     pub epoch: Epoch,
     /// A connection is live.
     pub connected: bool,
+    /// The live connection, if any.
+    pub conn: Option<ConnId>,
+    /// The first snapshot of the live connection was reconciled (M8): cancels that waited
+    /// for the node have gone out on it (M26).
+    pub reconciled: bool,
     /// It takes new work (M3, M11, M27): connected, reconciled, snapshotted, no pending cancel.
     pub ready: bool,
     /// It is in grace: disconnected or recovering, its leases kept (M4–M6).
@@ -39,6 +44,8 @@ impl Mill {
             node,
             epoch: s.epoch,
             connected: s.conn.is_some(),
+            conn: s.conn,
+            reconciled: s.conn.is_some() && s.reconciled,
             ready: s.ready(),
             in_grace: s.grace.is_some(),
             grace_deadline: s.grace,
