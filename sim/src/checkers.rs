@@ -243,6 +243,11 @@ pub struct Checker {
     cancel_seen: BTreeMap<(usize, LeaseId), Micros>,
     /// The connection the mill last sent a `CancelAttempt` for a lease on (M26, I11).
     cancel_sent: BTreeMap<LeaseId, ConnId>,
+    /// Open jobs with a timeout of their own (M18): when the mill's clock for it started
+    /// (its acceptance, or the mill's latest restart, which re-arms it) and the timeout.
+    timeouts: BTreeMap<JobId, (Micros, Micros)>,
+    /// The mill incarnation the timeout clocks were last brought up to date for.
+    timeouts_inc: u32,
     /// The connection and mill incarnation each `ReserveSeat` went out on.
     ask_conn: BTreeMap<LeaseId, (ConnId, u32)>,
     /// Leases the mill sent a `ReleaseLease` or `CancelAttempt` for.
@@ -281,6 +286,8 @@ impl Checker {
             cancels: BTreeMap::new(),
             cancel_seen: BTreeMap::new(),
             cancel_sent: BTreeMap::new(),
+            timeouts: BTreeMap::new(),
+            timeouts_inc: 0,
             ask_conn: BTreeMap::new(),
             let_go: BTreeSet::new(),
             running: BTreeSet::new(),
@@ -306,6 +313,14 @@ impl Checker {
         }
         self.accepted.insert(job, arrival);
         Ok(())
+    }
+
+    /// The mill accepted `job` at `now` with its own `timeout`, if it has one (M18).
+    pub fn timeout_armed(&mut self, job: JobId, now: Micros, timeout: Option<std::time::Duration>) {
+        if let Some(t) = timeout {
+            let t = Micros::try_from(t.as_micros()).unwrap_or(Micros::MAX);
+            self.timeouts.insert(job, (now, t));
+        }
     }
 
     /// Whether `job`'s insert is durable.
@@ -1271,6 +1286,7 @@ impl Checker {
     pub fn sample(&mut self, w: &World) -> Result<(), Violation> {
         self.i1_stop_bound(w)?;
         self.i11_stop_bound(w)?;
+        self.m18_timeouts(w)?;
         self.i11_cancel_sent(w)?;
         self.reservations_known(w)?;
         if (w.now / SEC) % 10 < 2 {
@@ -1477,6 +1493,58 @@ impl Checker {
                     secs(c.at)
                 ),
             );
+        }
+        Ok(())
+    }
+
+    /// M18 through I11: a job whose own timeout has passed is cancelled by the mill. The
+    /// clock starts at acceptance and starts again at a mill restart (the restored mill
+    /// re-arms every job's timeout from its own start, M29). Once `timeout + 5 s` (a lagging
+    /// driver's slack) has passed on a running mill, a job still queued is a failure (its
+    /// timeout ends it at once), and a leased job is held to I11 as if a client had
+    /// cancelled it then: its cancel goes out, its engine stops, its terminal is Timeout or
+    /// Cancelled unless the engine's own result beat the cancel to the executor.
+    fn m18_timeouts(&mut self, w: &World) -> Result<(), Violation> {
+        if w.mill.is_none() {
+            return Ok(());
+        }
+        if self.timeouts_inc != w.mill_inc {
+            self.timeouts_inc = w.mill_inc;
+            for (start, _) in self.timeouts.values_mut() {
+                *start = (*start).max(w.now);
+            }
+        }
+        let now = w.now;
+        let due: Vec<JobId> = self
+            .timeouts
+            .iter()
+            .filter(|(_, (start, t))| now > start.saturating_add(*t).saturating_add(5 * SEC))
+            .map(|(j, _)| *j)
+            .collect();
+        for job in due {
+            let Some((start, t)) = self.timeouts.remove(&job) else {
+                continue;
+            };
+            if self.terminals.contains_key(&job) {
+                continue;
+            }
+            let state = w.mill_store.jobs.get(&job).map(|r| r.state.clone());
+            match state {
+                Some(JobState::Queued) => {
+                    return fail(
+                        "I11",
+                        format!(
+                            "{job}: its timeout ({}) ran out at {} while it was queued, yet it is still queued (M18)",
+                            secs(t),
+                            secs(start + t)
+                        ),
+                    );
+                }
+                Some(before @ (JobState::Reserved { .. } | JobState::Running { .. })) => {
+                    self.cancel_accepted(w, job, Some(before));
+                }
+                Some(JobState::Done(_)) | None => {}
+            }
         }
         Ok(())
     }

@@ -2284,6 +2284,7 @@ impl Sim {
         }
         match arrival {
             Arrival::Job { spec, cancel_after } => {
+                let timeout = spec.timeout;
                 let r = self.mill_submit(spec, now / MS);
                 match r {
                     Some(Ok(job)) => {
@@ -2294,6 +2295,7 @@ impl Sim {
                             self.w.job_of_arrival[k] = Some(job);
                             let r = self.c.accepted(job, k);
                             self.check(r);
+                            self.c.timeout_armed(job, now, timeout);
                             if let Some(after) = cancel_after {
                                 self.at(now + after, Ev::UserCancel(k));
                             }
