@@ -38,6 +38,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 job_timeout: Duration::from_secs(600),
                 quarantine_strikes: 3,
                 max_sessions: 10_000,
+                ..MillTuning::default()
             },
         },
         clock,

@@ -207,6 +207,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
             job_timeout: Duration::from_secs(86_400),
             quarantine_strikes: 3,
             max_sessions: 10_000,
+            ..MillTuning::default()
         },
     };
     let mill = node::start_mill(opts, Clock::start())

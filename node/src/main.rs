@@ -19,6 +19,7 @@ mod mill_driver;
 mod mill_store;
 mod net;
 mod node;
+mod preauth;
 mod shell;
 mod sqlite;
 
@@ -84,7 +85,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// Raises the soft descriptor limit to the hard one: every connection is a descriptor, and a
+/// low soft limit (1024 is common) would make `accept` fail long before the caps on
+/// connections (`--max-sessions`, `--max-preauth-connections`, `--http-max-connections`)
+/// are reached.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the descriptor limit"),
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "could not raise the descriptor limit")
+            }
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the descriptor limit"),
+    }
+}
+
 fn serve(cmd: Cmd) -> ExitCode {
+    raise_fd_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
