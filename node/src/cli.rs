@@ -280,9 +280,13 @@ pub struct MillArgs {
     /// Where the HTTP API listens.
     #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
     pub http_listen: String,
-    /// Shared token for executors and API clients; default DATA/token, made on first start.
+    /// The executor credential (copy it to executor hosts); default DATA/token, made on first start.
     #[arg(long, env = "MILLRACE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// The API credential (submit, cancel, lift); default DATA/api-token, made on first start.
+    /// Executors' credential is refused on the API.
+    #[arg(long, env = "MILLRACE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Timers.
     #[command(flatten)]
     pub timing: Timing,
@@ -323,7 +327,7 @@ pub struct ExecutorArgs {
 /// `millrace standalone`.
 #[derive(Debug, Clone, Args)]
 pub struct StandaloneArgs {
-    /// Data directory (mill store, token, the local executor's store under executor/).
+    /// Data directory (mill store, credentials, the local executor's store under executor/).
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
     /// Where the HTTP API listens.
@@ -376,10 +380,10 @@ pub struct ClientArgs {
     /// The mill's HTTP API.
     #[arg(long, env = "MILLRACE_SERVER", default_value = "http://127.0.0.1:7070")]
     pub server: String,
-    /// File holding the token (else MILLRACE_TOKEN, else DATA/token).
-    #[arg(long, env = "MILLRACE_TOKEN_FILE")]
+    /// File holding the API token (else MILLRACE_API_TOKEN, else DATA/api-token).
+    #[arg(long, env = "MILLRACE_API_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Data directory whose token to use when neither of the above is given.
+    /// Data directory whose API token to use when neither of the above is given.
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
 }

@@ -105,6 +105,8 @@ fn raise_fd_limit() {
 
 fn serve(cmd: Cmd) -> ExitCode {
     raise_fd_limit();
+    // Store, logs, credentials and job directories are the operator's alone (issue 11).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -144,7 +146,12 @@ fn serve(cmd: Cmd) -> ExitCode {
 async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
     let token = match &a.token_file {
         Some(f) => node::read_token(f),
-        None => node::ensure_token(&a.data.join("token")),
+        None => node::ensure_token(&node::executor_token_path(&a.data)),
+    }
+    .map_err(|e| e.to_string())?;
+    let api_token = match &a.api_token_file {
+        Some(f) => node::read_token(f),
+        None => node::ensure_token(&node::api_token_path(&a.data)),
     }
     .map_err(|e| e.to_string())?;
     let mill = node::start_mill(
@@ -153,6 +160,7 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token,
+            api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
         },
@@ -211,7 +219,10 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
 }
 
 async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
-    let token = node::ensure_token(&a.data.join("token")).map_err(|e| e.to_string())?;
+    let token =
+        node::ensure_token(&node::executor_token_path(&a.data)).map_err(|e| e.to_string())?;
+    let api_token =
+        node::ensure_token(&node::api_token_path(&a.data)).map_err(|e| e.to_string())?;
     let clock = Clock::start();
     let mill = node::start_mill(
         MillOptions {
@@ -219,6 +230,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token: token.clone(),
+            api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
         },
@@ -248,9 +260,9 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
         }
     };
     println!(
-        "millrace standalone: API on http://{}  (token in {})",
+        "millrace standalone: API on http://{}  (API token in {})",
         mill.http_addr,
-        a.data.join("token").display()
+        node::api_token_path(&a.data).display()
     );
     println!("try: millrace submit --wait -- echo hello");
     wait_or_fail(|| exec.finished() || mill.driver_finished()).await;

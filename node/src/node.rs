@@ -52,8 +52,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
     move |source| NodeError::Io { what, source }
 }
 
-/// Reads a token file (trimmed), refusing an empty one.
+/// Reads a token file (trimmed), refusing an empty one; warns when others may read it.
 pub fn read_token(path: &Path) -> Result<String, NodeError> {
+    warn_if_readable_by_others(path);
     let t = std::fs::read_to_string(path).map_err(io(format!("token file {}", path.display())))?;
     let t = t.trim().to_string();
     if t.is_empty() {
@@ -63,6 +64,46 @@ pub fn read_token(path: &Path) -> Result<String, NodeError> {
         )));
     }
     Ok(t)
+}
+
+/// Warns when a credential file is readable (or writable) by its group or others.
+pub fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "credential file is accessible to its group or others; chmod 600 it"
+            );
+        }
+    }
+}
+
+/// Warns when a data directory is open to its group or others (new ones are made 0700).
+fn warn_if_dir_open(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "data directory is accessible to its group or others; chmod 700 it"
+            );
+        }
+    }
+}
+
+/// Where the executor credential lives by default.
+pub fn executor_token_path(data: &Path) -> PathBuf {
+    data.join("token")
+}
+
+/// Where the API credential lives by default.
+pub fn api_token_path(data: &Path) -> PathBuf {
+    data.join("api-token")
 }
 
 /// The token at `path`, made (random, 0600) if the file does not exist.
@@ -100,8 +141,10 @@ pub struct MillOptions {
     pub executor_listen: String,
     /// HTTP listener address.
     pub http_listen: String,
-    /// The shared token.
+    /// The executor credential (executors' `Hello`).
     pub token: String,
+    /// The API credential (`Authorization: Bearer`); an executor's token gets 401.
+    pub api_token: String,
     /// Timers.
     pub timing: Timing,
     /// Mill settings.
@@ -182,6 +225,12 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
     opts.tuning.validate().map_err(NodeError::Config)?;
     check_fd_headroom(&opts.tuning);
+    if crate::http::constant_time_eq(opts.token.as_bytes(), opts.api_token.as_bytes()) {
+        tracing::warn!("the executor and API credentials are the same: any executor host can cancel jobs and lift quarantines; give --api-token-file its own file");
+    }
+    std::fs::create_dir_all(&opts.data)
+        .map_err(io(format!("data directory {}", opts.data.display())))?;
+    warn_if_dir_open(&opts.data);
     let store = MillStore::open(&opts.data)?;
     let snapshot = store.load()?;
     let restored = snapshot
@@ -252,7 +301,7 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
     let api = Api {
         mill: handle.clone(),
         reader: Arc::new(Mutex::new(reader)),
-        token: Arc::new(opts.token.clone()),
+        token: Arc::new(opts.api_token.clone()),
         events: events.clone(),
         data: opts.data.clone(),
         max_job_timeout: opts.tuning.max_job_timeout,
@@ -469,6 +518,9 @@ pub fn start_executor(
     let node_id = NodeId::new(opts.node_id.clone())
         .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
     let (name, seats) = parse_engine(&opts.engine)?;
+    std::fs::create_dir_all(&opts.data)
+        .map_err(io(format!("data directory {}", opts.data.display())))?;
+    warn_if_dir_open(&opts.data);
     let (store, snapshot) = ExecStore::open(&opts.data)?;
     let loopback_mill = opts
         .mill

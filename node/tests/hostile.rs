@@ -205,7 +205,7 @@ fn every_http_error_is_json() {
     let root = tempfile::tempdir().unwrap();
     let mill = start_mill(root.path(), &[]);
     let addr = http_addr(&mill);
-    let token = common::token(&mill.data);
+    let token = common::api_token(&mill.data);
     let auth = format!("Authorization: Bearer {token}\r\n");
     let long = "x".repeat(10 * 1024);
     let cases = [
@@ -357,7 +357,7 @@ fn the_executor_listener_survives_running_out_of_descriptors() {
         .spawn()
         .unwrap();
     let addrs = common::addrs(&data, child.id());
-    let api = common::Api::new(&addrs.http, &common::token(&data));
+    let api = common::Api::new(&addrs.http, &common::api_token(&data));
     let flood: Vec<TcpStream> = (0..150)
         .filter_map(|_| TcpStream::connect(&addrs.executor).ok())
         .collect();
@@ -383,4 +383,80 @@ fn the_executor_listener_survives_running_out_of_descriptors() {
     assert_eq!(s, 200);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Every file and directory under `dir` with group or other permission bits.
+fn open_to_others(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            out.push(format!("{} {mode:o}", p.display()));
+        }
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                todo.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 11 item 3: the executor credential and the API credential are separate files, made
+/// 0600 on first start; the executor's gets 401 on the API, the API's is refused as an
+/// executor's; the store, logs and credentials are private to the mill's user.
+#[test]
+fn credentials_are_separate_and_private() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), &[]);
+    let exec_token = common::token(&mill.data);
+    let api_token = common::api_token(&mill.data);
+    assert_ne!(exec_token, api_token);
+    let as_executor = common::Api::new(&mill.addrs.http, &exec_token);
+    let (s, body) = as_executor.get_raw("/v1/jobs", true);
+    assert_eq!(
+        s, 401,
+        "the executor credential was accepted on the API: {body}"
+    );
+    let (s, v) = as_executor.post(
+        "/v1/jobs",
+        &serde_json::json!({"command": "true"}).to_string(),
+    );
+    assert_eq!(s, 401, "{v}");
+
+    let wrong = root.path().join("api-as-executor");
+    std::fs::write(&wrong, format!("{api_token}\n")).unwrap();
+    let x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "intruder",
+        1,
+        &wrong,
+        &timing("5s", "2s"),
+    );
+    wait_for("the refusal in the executor's log", || {
+        x.logs().contains("token not accepted").then_some(())
+    });
+    assert!(!mill.api.ready("intruder"));
+
+    let _x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "honest",
+        1,
+        &mill.data.join("token"),
+        &timing("5s", "2s"),
+    );
+    let id = mill
+        .api
+        .submit(&serde_json::json!({"command": "echo private"}));
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "success", "{v}");
+    let open = open_to_others(&mill.data);
+    assert!(open.is_empty(), "open to group/others: {open:?}");
 }
