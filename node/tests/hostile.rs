@@ -460,3 +460,35 @@ fn credentials_are_separate_and_private() {
     let open = open_to_others(&mill.data);
     assert!(open.is_empty(), "open to group/others: {open:?}");
 }
+
+/// Issue 11 item 5: an executor on the default timers against a mill on
+/// `--silence-timeout 2s` is closed for silence; the executor's log names the setting and the
+/// mill's values instead of only "peer closed the connection".
+#[test]
+fn mismatched_timers_are_named_in_the_executors_log() {
+    let root = tempfile::tempdir().unwrap();
+    let mut args = strings(&[
+        "--reconnect-grace",
+        "30s",
+        "--silence-timeout",
+        "2s",
+        "--snapshot-interval",
+        "500ms",
+    ]);
+    args.push("--bid-timeout".into());
+    args.push("1s".into());
+    let mill = common::start_mill(root.path(), "127.0.0.1:0", &args, "info", 0);
+    // The executor keeps its defaults: a snapshot every 5 s, four times the mill's patience.
+    let x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "slowpoke",
+        1,
+        &mill.data.join("token"),
+        &[],
+    );
+    wait_for("the executor to hear why it was closed", || {
+        let logs = x.logs();
+        (logs.contains("silence_timeout") && logs.contains("--silence-timeout 2s")).then_some(())
+    });
+}
