@@ -173,6 +173,9 @@ pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
         .get("id")
         .and_then(Value::as_u64)
         .ok_or_else(|| ClientError(format!("unexpected answer: {v}")))?;
+    if let Some(w) = v.get("warning").and_then(Value::as_str) {
+        eprintln!("millrace: job {id}: {w}");
+    }
     if !args.wait {
         println!("{id}");
         return Ok(true);

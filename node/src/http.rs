@@ -422,8 +422,19 @@ async fn submit(
             spec_field(&e),
         ));
     }
+    let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
     match api.mill.submit(spec).await {
-        Ok(job) => Ok((StatusCode::CREATED, Json(json!({"id": job.get()}))).into_response()),
+        Ok(job) => {
+            let warning = match api.mill.nodes().await {
+                Some(nodes) => unplaceable(&engine, &labels, &nodes),
+                None => None,
+            };
+            let body = match warning {
+                Some(w) => json!({"id": job.get(), "warning": w}),
+                None => json!({"id": job.get()}),
+            };
+            Ok((StatusCode::CREATED, Json(body)).into_response())
+        }
         Err(HandleError::Refused(RequestError::Spec(e))) => Err(ApiError::field(
             StatusCode::BAD_REQUEST,
             e.to_string(),
@@ -492,6 +503,10 @@ pub struct JobView {
     /// Status history, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<serde_json::Value>,
+    /// For a queued job that no executor known to the mill can take: why
+    /// (`waiting: no executor offers engine docker`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 fn view(row: &JobRow) -> JobView {
@@ -531,7 +546,40 @@ fn view(row: &JobRow) -> JobView {
         },
         log,
         history: Vec::new(),
+        waiting: None,
     }
+}
+
+/// Why no executor the mill knows (connected, or in its reconnect grace) could take a job of
+/// `engine` with `labels`; `None` when one could. Not an error: executors may connect later,
+/// so the job stays queued (its timeout still ends it) and says why it waits.
+pub fn unplaceable(
+    engine: &str,
+    labels: &BTreeSet<String>,
+    nodes: &[crate::mill_driver::NodeView],
+) -> Option<String> {
+    let live: Vec<_> = nodes.iter().filter(|n| n.state != "quarantined").collect();
+    if live.is_empty() {
+        return Some("waiting: no executor is connected".into());
+    }
+    let with_engine: Vec<_> = live
+        .iter()
+        .filter(|n| n.engines.iter().any(|e| e == engine))
+        .collect();
+    if with_engine.is_empty() {
+        return Some(format!("waiting: no executor offers engine {engine}"));
+    }
+    if with_engine
+        .iter()
+        .any(|n| labels.iter().all(|l| n.labels.contains(l)))
+    {
+        return None;
+    }
+    let wanted: Vec<&str> = labels.iter().map(String::as_str).collect();
+    Some(format!(
+        "waiting: no executor with engine {engine} holds the labels {}",
+        wanted.join(", ")
+    ))
 }
 
 async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -541,6 +589,11 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
     };
     let mut v = view(&row);
+    if matches!(row.state, JobState::Queued) {
+        if let Some(nodes) = api.mill.nodes().await {
+            v.waiting = unplaceable(&row.spec.engine, &row.spec.labels, &nodes);
+        }
+    }
     v.history = history
         .iter()
         .map(|h| json!({"state": h.state.name(), "at_ms": h.at_ms}))

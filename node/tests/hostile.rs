@@ -492,3 +492,58 @@ fn mismatched_timers_are_named_in_the_executors_log() {
         (logs.contains("silence_timeout") && logs.contains("--silence-timeout 2s")).then_some(())
     });
 }
+
+/// Issue 11 item 6 (decided: a visible warning, not a refusal — executors may connect later):
+/// a job no known executor can take is accepted with a `warning`, and its status says why it
+/// waits, for a missing engine and for missing labels; a takeable job carries neither.
+#[test]
+fn a_job_nobody_can_take_says_why_it_waits() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), &[]);
+    let (s, v) = mill.api.post(
+        "/v1/jobs",
+        &serde_json::json!({"command": "true"}).to_string(),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["warning"], "waiting: no executor is connected", "{v}");
+    let _x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "linux-box",
+        1,
+        &mill.data.join("token"),
+        &strings(&["--labels", "linux"]),
+    );
+    wait_for("the executor", || mill.api.ready("linux-box").then_some(()));
+    let (s, v) = mill.api.post(
+        "/v1/jobs",
+        &serde_json::json!({"command": "true", "engine": "docker"}).to_string(),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["warning"], "waiting: no executor offers engine docker",
+        "{v}"
+    );
+    let docker = v["id"].as_u64().unwrap();
+    let job = mill.api.job(docker).unwrap();
+    assert_eq!(job["state"], "queued", "{job}");
+    assert_eq!(
+        job["waiting"], "waiting: no executor offers engine docker",
+        "{job}"
+    );
+    let (s, v) = mill.api.post(
+        "/v1/jobs",
+        &serde_json::json!({"command": "true", "labels": ["linux", "gpu"]}).to_string(),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["warning"], "waiting: no executor with engine shell holds the labels gpu, linux",
+        "{v}"
+    );
+    let ok = mill
+        .api
+        .submit(&serde_json::json!({"command": "true", "labels": ["linux"]}));
+    let done = mill.api.wait_done(ok);
+    assert_eq!(done["state"], "success", "{done}");
+    assert!(done.get("waiting").is_none(), "{done}");
+}
