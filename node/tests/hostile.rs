@@ -322,6 +322,23 @@ fn slow_http_headers_are_closed() {
     assert_eq!(closed, 200);
     let (s, body) = mill.api.get_raw("/health", false);
     assert_eq!(s, 200, "{body}");
+    // An idle keep-alive connection is closed too, after its answer.
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    idle.set_read_timeout(Some(common::TIMEOUT)).unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: m\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        match std::io::Read::read(&mut idle, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("an idle keep-alive connection was not closed: {e}"),
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }
 
 /// Issue 11 item 2: run out of descriptors on the executor port (a soft limit of 128 and a
