@@ -152,6 +152,96 @@ pub struct MillTuning {
         help_heading = "Advanced"
     )]
     pub max_sessions: usize,
+    /// How long a new executor connection has to send its Hello before it is closed.
+    #[arg(long, env = "MILLRACE_HELLO_TIMEOUT", default_value = "5s", value_parser = dur, help_heading = "Advanced")]
+    pub hello_timeout: Duration,
+    /// Executor connections waiting for their Hello at once, counted apart from sessions;
+    /// when full, the oldest waiting one is closed.
+    #[arg(
+        long,
+        env = "MILLRACE_MAX_PREAUTH_CONNECTIONS",
+        default_value_t = 512,
+        help_heading = "Advanced"
+    )]
+    pub max_preauth_connections: usize,
+    /// An HTTP request head must arrive within this (also closes idle keep-alive connections).
+    #[arg(long, env = "MILLRACE_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = dur, help_heading = "Advanced")]
+    pub http_header_timeout: Duration,
+    /// An HTTP request body must arrive within this.
+    #[arg(long, env = "MILLRACE_HTTP_BODY_TIMEOUT", default_value = "30s", value_parser = dur, help_heading = "Advanced")]
+    pub http_body_timeout: Duration,
+    /// HTTP connections served at once; more wait in the listen backlog.
+    #[arg(
+        long,
+        env = "MILLRACE_HTTP_MAX_CONNECTIONS",
+        default_value_t = 1024,
+        help_heading = "Advanced"
+    )]
+    pub http_max_connections: usize,
+    /// The longest timeout a job may ask for (`timeout_secs`); longer ones get 400.
+    #[arg(long, env = "MILLRACE_MAX_JOB_TIMEOUT", default_value = "168h", value_parser = dur, help_heading = "Advanced")]
+    pub max_job_timeout: Duration,
+}
+
+impl MillTuning {
+    /// Refuses settings that cannot work, naming the flag and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.hello_timeout.is_zero() {
+            return Err(format!(
+                "--hello-timeout {:?}: must be above zero",
+                self.hello_timeout
+            ));
+        }
+        if self.max_preauth_connections == 0 {
+            return Err(format!(
+                "--max-preauth-connections {}: must be at least 1",
+                self.max_preauth_connections
+            ));
+        }
+        for (flag, d) in [
+            ("--http-header-timeout", self.http_header_timeout),
+            ("--http-body-timeout", self.http_body_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{flag} {d:?}: must be above zero"));
+            }
+        }
+        if self.job_timeout > self.max_job_timeout {
+            return Err(format!(
+                "--job-timeout {:?} exceeds --max-job-timeout {:?}",
+                self.job_timeout, self.max_job_timeout
+            ));
+        }
+        if self.http_max_connections == 0 {
+            return Err(format!(
+                "--http-max-connections {}: must be at least 1",
+                self.http_max_connections
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for MillTuning {
+    /// The same defaults as the flags (a test keeps the two equal).
+    fn default() -> Self {
+        MillTuning {
+            bid_timeout: Duration::from_secs(5),
+            top_k: 3,
+            max_pending: 10_000,
+            cancel_ack_timeout: Duration::from_secs(10),
+            cancel_teardown_timeout: Duration::from_secs(600),
+            job_timeout: Duration::from_secs(86_400),
+            quarantine_strikes: 3,
+            max_sessions: 10_000,
+            hello_timeout: Duration::from_secs(5),
+            max_preauth_connections: 512,
+            http_header_timeout: Duration::from_secs(10),
+            http_body_timeout: Duration::from_secs(30),
+            http_max_connections: 1024,
+            max_job_timeout: Duration::from_secs(7 * 86_400),
+        }
+    }
 }
 
 /// Executor-only settings.
@@ -190,9 +280,13 @@ pub struct MillArgs {
     /// Where the HTTP API listens.
     #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
     pub http_listen: String,
-    /// Shared token for executors and API clients; default DATA/token, made on first start.
+    /// The executor credential (copy it to executor hosts); default DATA/token, made on first start.
     #[arg(long, env = "MILLRACE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// The API credential (submit, cancel, lift); default DATA/api-token, made on first start.
+    /// Executors' credential is refused on the API.
+    #[arg(long, env = "MILLRACE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Timers.
     #[command(flatten)]
     pub timing: Timing,
@@ -233,7 +327,7 @@ pub struct ExecutorArgs {
 /// `millrace standalone`.
 #[derive(Debug, Clone, Args)]
 pub struct StandaloneArgs {
-    /// Data directory (mill store, token, the local executor's store under executor/).
+    /// Data directory (mill store, credentials, the local executor's store under executor/).
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
     /// Where the HTTP API listens.
@@ -286,10 +380,10 @@ pub struct ClientArgs {
     /// The mill's HTTP API.
     #[arg(long, env = "MILLRACE_SERVER", default_value = "http://127.0.0.1:7070")]
     pub server: String,
-    /// File holding the token (else MILLRACE_TOKEN, else DATA/token).
-    #[arg(long, env = "MILLRACE_TOKEN_FILE")]
+    /// File holding the API token (else MILLRACE_API_TOKEN, else DATA/api-token).
+    #[arg(long, env = "MILLRACE_API_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Data directory whose token to use when neither of the above is given.
+    /// Data directory whose API token to use when neither of the above is given.
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
 }
@@ -388,4 +482,25 @@ pub struct BenchArgs {
     /// Submissions per second in all (0: as fast as the submitters go).
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        tuning: MillTuning,
+    }
+
+    /// `MillTuning::default()` (used by `demo` and `bench`) is what the flags default to.
+    #[test]
+    fn mill_tuning_default_matches_the_flag_defaults() {
+        let parsed = Wrap::try_parse_from(["millrace"]).unwrap();
+        assert_eq!(
+            format!("{:?}", parsed.tuning),
+            format!("{:?}", MillTuning::default())
+        );
+    }
 }

@@ -13,23 +13,24 @@ use crate::cli::{ClientArgs, JobArgs, JobsArgs, SubmitArgs};
 #[error("{0}")]
 pub struct ClientError(pub String);
 
-/// Resolves the token: `--token-file`, then `MILLRACE_TOKEN`, then `DATA/token`.
+/// Resolves the API token: `--token-file`, then `MILLRACE_API_TOKEN`, then `DATA/api-token`.
+/// (The executor credential, `DATA/token`, is refused by the API.)
 pub fn token(args: &ClientArgs) -> Result<String, ClientError> {
     if let Some(f) = &args.token_file {
         return read(f);
     }
-    if let Ok(t) = std::env::var("MILLRACE_TOKEN") {
+    if let Ok(t) = std::env::var("MILLRACE_API_TOKEN") {
         if !t.trim().is_empty() {
             return Ok(t.trim().to_string());
         }
     }
-    read(&args.data.join("token"))
+    read(&crate::node::api_token_path(&args.data))
 }
 
 fn read(path: &Path) -> Result<String, ClientError> {
     let t = std::fs::read_to_string(path).map_err(|e| {
         ClientError(format!(
-            "cannot read the token from {}: {e} (use --token-file, MILLRACE_TOKEN or --data)",
+            "cannot read the token from {}: {e} (use --token-file, MILLRACE_API_TOKEN or --data)",
             path.display()
         ))
     })?;
@@ -172,6 +173,9 @@ pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
         .get("id")
         .and_then(Value::as_u64)
         .ok_or_else(|| ClientError(format!("unexpected answer: {v}")))?;
+    if let Some(w) = v.get("warning").and_then(Value::as_str) {
+        eprintln!("millrace: job {id}: {w}");
+    }
     if !args.wait {
         println!("{id}");
         return Ok(true);

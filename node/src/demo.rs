@@ -15,7 +15,10 @@ use crate::node::{self, ExecOptions, MillOptions};
 /// Runs the demo; returns whether every job succeeded.
 pub async fn demo(args: DemoArgs) -> Result<bool, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let token = node::ensure_token(&dir.path().join("token")).map_err(|e| e.to_string())?;
+    let token =
+        node::ensure_token(&node::executor_token_path(dir.path())).map_err(|e| e.to_string())?;
+    let api_token =
+        node::ensure_token(&node::api_token_path(dir.path())).map_err(|e| e.to_string())?;
     let timing = Timing {
         reconnect_grace: Duration::from_secs(45),
         silence_timeout: Duration::from_secs(15),
@@ -28,6 +31,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
             executor_listen: "127.0.0.1:0".into(),
             http_listen: "127.0.0.1:0".into(),
             token: token.clone(),
+            api_token,
             timing: timing.clone(),
             tuning: MillTuning {
                 bid_timeout: Duration::from_secs(5),
@@ -38,6 +42,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 job_timeout: Duration::from_secs(600),
                 quarantine_strikes: 3,
                 max_sessions: 10_000,
+                ..MillTuning::default()
             },
         },
         clock,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -45,6 +45,10 @@ pub struct Api {
     pub events: broadcast::Sender<JobEvent>,
     /// The mill's data directory (job logs).
     pub data: PathBuf,
+    /// The longest `timeout_secs` a job may ask for.
+    pub max_job_timeout: Duration,
+    /// The executor port's pre-`Hello` counters, for `/metrics`.
+    pub preauth: Arc<crate::preauth::Preauth>,
 }
 
 /// A JSON error answer.
@@ -92,8 +96,119 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Longest request target (path and query) the API reads; longer ones get a JSON 414. (Far
+/// longer ones, past hyper's own buffer, are refused by hyper with an empty 414/431.)
+pub const MAX_URI: usize = 8 * 1024;
+
+/// Bounds of the HTTP listener (issue 11): a slow or idle client holds at most one of
+/// `max_connections` slots, for at most `header_timeout` per request head and `body_timeout`
+/// per body.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// A request head (line and headers) must be in within this; it also closes idle
+    /// keep-alive connections.
+    pub header_timeout: Duration,
+    /// A request body must be in within this.
+    pub body_timeout: Duration,
+    /// HTTP connections at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown`, then lets requests in flight
+/// finish (bounded). Accept errors (out of descriptors) back off and retry; they never end
+/// the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut failures = 0u64;
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            p = slots.clone().acquire_owned() => p,
+        };
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                failures += 1;
+                if failures.is_power_of_two() {
+                    tracing::warn!(error = %e, failures, "accepting an HTTP connection failed; retrying");
+                }
+                tokio::time::sleep(crate::node::ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        // Small answers must not wait for Nagle and a delayed ACK.
+        let _ = stream.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .keep_alive(true);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+/// Turns every error answer that is not JSON yet (axum's rejections, 405, 413 from a
+/// layer) into the documented `{"error": "..."}`.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let uri_len = req.uri().to_string().len();
+    if uri_len > MAX_URI {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("request target of {uri_len} bytes; at most {MAX_URI}"),
+        )
+        .into_response();
+    }
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let text = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request refused")
+            .to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(parts.status, text).into_response();
+    if let Some(allow) = parts.headers.get(header::ALLOW) {
+        out.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    out
+}
+
 /// The router: `/v1/...` behind the token, `/health` open.
-pub fn router(api: Api) -> Router {
+pub fn router(api: Api, limits: &HttpLimits) -> Router {
     let protected = Router::new()
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
@@ -108,6 +223,10 @@ pub fn router(api: Api) -> Router {
         .merge(protected)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            limits.body_timeout,
+        ))
+        .layer(middleware::from_fn(json_errors))
         .with_state(api)
 }
 
@@ -233,6 +352,27 @@ fn spec_field(e: &SpecError) -> &'static str {
     }
 }
 
+/// Refuses NUL and other control characters in a text field, naming it: a NUL cannot reach
+/// `sh -c` at all and would only fail later on the executor; other control characters in
+/// names are mistakes or attempts to forge log lines. A command (`multiline`) may hold tabs
+/// and line breaks.
+fn no_control(field: &str, value: &str, multiline: bool) -> Result<(), ApiError> {
+    let bad = value
+        .char_indices()
+        .find(|(_, c)| c.is_control() && !(multiline && matches!(c, '\t' | '\n' | '\r')));
+    match bad {
+        None => Ok(()),
+        Some((at, c)) => Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{field} holds the control character U+{:04X} at byte {at}",
+                u32::from(c)
+            ),
+            field,
+        )),
+    }
+}
+
 /// The body, or a JSON error when it cannot be read (too large: 413).
 fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| ApiError::field(e.status(), e.body_text(), "body"))
@@ -250,6 +390,19 @@ async fn submit(
             "command must not be empty",
             "command",
         ));
+    }
+    no_control("command", &b.command, true)?;
+    no_control("owner", &b.owner, false)?;
+    no_control("repo", &b.repo, false)?;
+    if let Some(secs) = b.timeout_secs {
+        let max = api.max_job_timeout.as_secs();
+        if secs > max {
+            return Err(ApiError::field(
+                StatusCode::BAD_REQUEST,
+                format!("timeout_secs {secs} exceeds the maximum of {max} (--max-job-timeout)"),
+                "timeout_secs",
+            ));
+        }
     }
     let spec = JobSpec {
         engine: b.engine,
@@ -269,8 +422,19 @@ async fn submit(
             spec_field(&e),
         ));
     }
+    let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
     match api.mill.submit(spec).await {
-        Ok(job) => Ok((StatusCode::CREATED, Json(json!({"id": job.get()}))).into_response()),
+        Ok(job) => {
+            let warning = match api.mill.nodes().await {
+                Some(nodes) => unplaceable(&engine, &labels, &nodes),
+                None => None,
+            };
+            let body = match warning {
+                Some(w) => json!({"id": job.get(), "warning": w}),
+                None => json!({"id": job.get()}),
+            };
+            Ok((StatusCode::CREATED, Json(body)).into_response())
+        }
         Err(HandleError::Refused(RequestError::Spec(e))) => Err(ApiError::field(
             StatusCode::BAD_REQUEST,
             e.to_string(),
@@ -339,6 +503,10 @@ pub struct JobView {
     /// Status history, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<serde_json::Value>,
+    /// For a queued job that no executor known to the mill can take: why
+    /// (`waiting: no executor offers engine docker`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 fn view(row: &JobRow) -> JobView {
@@ -378,7 +546,40 @@ fn view(row: &JobRow) -> JobView {
         },
         log,
         history: Vec::new(),
+        waiting: None,
     }
+}
+
+/// Why no executor the mill knows (connected, or in its reconnect grace) could take a job of
+/// `engine` with `labels`; `None` when one could. Not an error: executors may connect later,
+/// so the job stays queued (its timeout still ends it) and says why it waits.
+pub fn unplaceable(
+    engine: &str,
+    labels: &BTreeSet<String>,
+    nodes: &[crate::mill_driver::NodeView],
+) -> Option<String> {
+    let live: Vec<_> = nodes.iter().filter(|n| n.state != "quarantined").collect();
+    if live.is_empty() {
+        return Some("waiting: no executor is connected".into());
+    }
+    let with_engine: Vec<_> = live
+        .iter()
+        .filter(|n| n.engines.iter().any(|e| e == engine))
+        .collect();
+    if with_engine.is_empty() {
+        return Some(format!("waiting: no executor offers engine {engine}"));
+    }
+    if with_engine
+        .iter()
+        .any(|n| labels.iter().all(|l| n.labels.contains(l)))
+    {
+        return None;
+    }
+    let wanted: Vec<&str> = labels.iter().map(String::as_str).collect();
+    Some(format!(
+        "waiting: no executor with engine {engine} holds the labels {}",
+        wanted.join(", ")
+    ))
 }
 
 async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -388,6 +589,11 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
     };
     let mut v = view(&row);
+    if matches!(row.state, JobState::Queued) {
+        if let Some(nodes) = api.mill.nodes().await {
+            v.waiting = unplaceable(&row.spec.engine, &row.spec.labels, &nodes);
+        }
+    }
     v.history = history
         .iter()
         .map(|h| json!({"state": h.state.name(), "at_ms": h.at_ms}))
@@ -409,8 +615,9 @@ const STATES: [&str; 9] = [
 
 async fn list(
     State(api): State<Api>,
-    Query(q): Query<BTreeMap<String, String>>,
+    q: Result<Query<BTreeMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::field(e.status(), e.body_text(), "query"))?;
     let mut state = None;
     let mut limit = 100usize;
     for (k, v) in q {
@@ -467,6 +674,9 @@ async fn cancel(
     } else {
         parse_body::<CancelBody>(&body)?.reason
     };
+    if let Some(r) = &reason {
+        no_control("reason", r, false)?;
+    }
     let reason = reason.unwrap_or_else(|| "cancelled through the API".into());
     match api.mill.cancel(job, reason).await {
         Ok(()) => Ok((
@@ -505,7 +715,8 @@ async fn lift(State(api): State<Api>, Path(id): Path<String>) -> Result<Response
 }
 
 async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
-    let text = api.mill.metrics().await.ok_or_else(ApiError::unavailable)?;
+    let mut text = api.mill.metrics().await.ok_or_else(ApiError::unavailable)?;
+    text.push_str(&api.preauth.render());
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -526,9 +737,10 @@ pub struct LogQuery {
 async fn log(
     State(api): State<Api>,
     Path(id): Path<String>,
-    Query(q): Query<LogQuery>,
+    q: Result<Query<LogQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let job = parse_job(&id)?;
+    let Query(q) = q.map_err(|e| ApiError::field(e.status(), e.body_text(), "query"))?;
     let exists = read(&api, move |r| r.job(job)).await?;
     if exists.is_none() {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
@@ -640,6 +852,11 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("bogus"));
         let e = parse_body::<SubmitBody>(br#"{"command": "x", "timeout_secs": -1}"#).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("timeout_secs"));
+        let e = no_control("owner", "a\0b", false).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("owner"));
+        assert!(e.error.contains("U+0000"), "{}", e.error);
+        assert!(no_control("command", "echo a\n\techo b", true).is_ok());
+        assert!(no_control("command", "echo \u{1b}[2J", true).is_err());
         let e = parse_body::<SubmitBody>(b"{not json").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("body"));
         assert_eq!(e.status, StatusCode::BAD_REQUEST);

@@ -188,11 +188,13 @@ pub async fn loadgen(args: LoadgenArgs) -> Result<(), String> {
 pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let token = "bench-token-0123456789".to_string();
+    let api_token = "bench-api-token-0123456789".to_string();
     let opts = MillOptions {
         data: dir.path().to_path_buf(),
         executor_listen: "127.0.0.1:0".into(),
         http_listen: "127.0.0.1:0".into(),
         token: token.clone(),
+        api_token: api_token.clone(),
         timing: Timing {
             reconnect_grace: Duration::from_secs(45),
             silence_timeout: Duration::from_secs(15),
@@ -207,6 +209,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
             job_timeout: Duration::from_secs(86_400),
             quarantine_strikes: 3,
             max_sessions: 10_000,
+            ..MillTuning::default()
         },
     };
     let mill = node::start_mill(opts, Clock::start())
@@ -278,7 +281,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let conc = args.concurrency.max(1);
     let mut threads = Vec::new();
     for t in 0..conc {
-        let (url, token) = (url.clone(), token.clone());
+        let (url, token) = (url.clone(), api_token.clone());
         let count = per.min(args.jobs.saturating_sub(t * per));
         threads.push(std::thread::spawn(move || {
             let c = crate::client::Client::with_token(&url, &token);

@@ -19,6 +19,7 @@ mod mill_driver;
 mod mill_store;
 mod net;
 mod node;
+mod preauth;
 mod shell;
 mod sqlite;
 
@@ -84,7 +85,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// Raises the soft descriptor limit to the hard one: every connection is a descriptor, and a
+/// low soft limit (1024 is common) would make `accept` fail long before the caps on
+/// connections (`--max-sessions`, `--max-preauth-connections`, `--http-max-connections`)
+/// are reached.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the descriptor limit"),
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "could not raise the descriptor limit")
+            }
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the descriptor limit"),
+    }
+}
+
 fn serve(cmd: Cmd) -> ExitCode {
+    raise_fd_limit();
+    // Store, logs, credentials and job directories are the operator's alone (issue 11).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -124,7 +146,12 @@ fn serve(cmd: Cmd) -> ExitCode {
 async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
     let token = match &a.token_file {
         Some(f) => node::read_token(f),
-        None => node::ensure_token(&a.data.join("token")),
+        None => node::ensure_token(&node::executor_token_path(&a.data)),
+    }
+    .map_err(|e| e.to_string())?;
+    let api_token = match &a.api_token_file {
+        Some(f) => node::read_token(f),
+        None => node::ensure_token(&node::api_token_path(&a.data)),
     }
     .map_err(|e| e.to_string())?;
     let mill = node::start_mill(
@@ -133,6 +160,7 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token,
+            api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
         },
@@ -191,7 +219,10 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
 }
 
 async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
-    let token = node::ensure_token(&a.data.join("token")).map_err(|e| e.to_string())?;
+    let token =
+        node::ensure_token(&node::executor_token_path(&a.data)).map_err(|e| e.to_string())?;
+    let api_token =
+        node::ensure_token(&node::api_token_path(&a.data)).map_err(|e| e.to_string())?;
     let clock = Clock::start();
     let mill = node::start_mill(
         MillOptions {
@@ -199,6 +230,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token: token.clone(),
+            api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
         },
@@ -228,9 +260,9 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
         }
     };
     println!(
-        "millrace standalone: API on http://{}  (token in {})",
+        "millrace standalone: API on http://{}  (API token in {})",
         mill.http_addr,
-        a.data.join("token").display()
+        node::api_token_path(&a.data).display()
     );
     println!("try: millrace submit --wait -- echo hello");
     wait_or_fail(|| exec.finished() || mill.driver_finished()).await;

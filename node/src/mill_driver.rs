@@ -242,6 +242,24 @@ enum Deferred {
     ),
 }
 
+/// What an executor hears when the mill closes its connection: the reason and the mill's
+/// timers, named as the flags both sides must agree on (at most `wire::MAX_REASON` bytes).
+fn close_notice(reason: &str, c: &millrace_core::mill::MillConfig) -> String {
+    let mut text = format!(
+        "connection closed by the mill: {reason} (this mill runs --silence-timeout {:?}, --snapshot-interval {:?}, --reconnect-grace {:?}; executors must use the same)",
+        c.silence_timeout, c.snapshot_interval, c.reconnect_grace
+    );
+    let max = millrace_core::wire::MAX_REASON;
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
 /// The driver's state; lives on its own thread.
 struct Driver {
     mill: Mill,
@@ -559,6 +577,11 @@ impl Driver {
             MillOutput::Close { conn, reason } => {
                 tracing::info!(%conn, %reason, "closing executor connection");
                 if let Some(tx) = self.conns.remove(&conn) {
+                    // Tell the executor why, with the timers this mill runs: an executor on
+                    // other timers (issue 11: a mill on `--silence-timeout 4s`, executors on
+                    // the defaults) otherwise only sees its connection drop.
+                    let notice = close_notice(&reason, self.mill.config());
+                    let _ = tx.try_send(ConnOut::Send(ToExecutor::Refused { reason: notice }));
                     let _ = tx.try_send(ConnOut::Close(reason));
                 }
             }

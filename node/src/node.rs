@@ -22,6 +22,7 @@ use crate::http::{self, Api};
 use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
 use crate::mill_store::{MillReader, MillStore};
 use crate::net::{self, OUT_QUEUE};
+use crate::preauth::{Preauth, PreauthConfig};
 use crate::shell::ShellEngine;
 
 /// Why a node could not start or stopped badly. Messages name the path or setting.
@@ -51,8 +52,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
     move |source| NodeError::Io { what, source }
 }
 
-/// Reads a token file (trimmed), refusing an empty one.
+/// Reads a token file (trimmed), refusing an empty one; warns when others may read it.
 pub fn read_token(path: &Path) -> Result<String, NodeError> {
+    warn_if_readable_by_others(path);
     let t = std::fs::read_to_string(path).map_err(io(format!("token file {}", path.display())))?;
     let t = t.trim().to_string();
     if t.is_empty() {
@@ -62,6 +64,46 @@ pub fn read_token(path: &Path) -> Result<String, NodeError> {
         )));
     }
     Ok(t)
+}
+
+/// Warns when a credential file is readable (or writable) by its group or others.
+pub fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "credential file is accessible to its group or others; chmod 600 it"
+            );
+        }
+    }
+}
+
+/// Warns when a data directory is open to its group or others (new ones are made 0700).
+fn warn_if_dir_open(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "data directory is accessible to its group or others; chmod 700 it"
+            );
+        }
+    }
+}
+
+/// Where the executor credential lives by default.
+pub fn executor_token_path(data: &Path) -> PathBuf {
+    data.join("token")
+}
+
+/// Where the API credential lives by default.
+pub fn api_token_path(data: &Path) -> PathBuf {
+    data.join("api-token")
 }
 
 /// The token at `path`, made (random, 0600) if the file does not exist.
@@ -99,8 +141,10 @@ pub struct MillOptions {
     pub executor_listen: String,
     /// HTTP listener address.
     pub http_listen: String,
-    /// The shared token.
+    /// The executor credential (executors' `Hello`).
     pub token: String,
+    /// The API credential (`Authorization: Bearer`); an executor's token gets 401.
+    pub api_token: String,
     /// Timers.
     pub timing: Timing,
     /// Mill settings.
@@ -127,6 +171,36 @@ impl MillOptions {
     }
 }
 
+/// Descriptors kept aside for the store, job logs and the runtime.
+const FD_RESERVE: u64 = 128;
+
+/// Warns when the connection caps together could use up the descriptor limit: then `accept`
+/// fails (it backs off and retries) and, worse, the store may fail to open its files.
+fn check_fd_headroom(t: &MillTuning) {
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return;
+    };
+    let want = [
+        t.max_sessions,
+        t.max_preauth_connections,
+        t.http_max_connections,
+    ]
+    .iter()
+    .map(|n| u64::try_from(*n).unwrap_or(u64::MAX))
+    .fold(FD_RESERVE, u64::saturating_add);
+    if want > soft {
+        tracing::warn!(
+            limit = soft,
+            max_sessions = t.max_sessions,
+            max_preauth_connections = t.max_preauth_connections,
+            http_max_connections = t.http_max_connections,
+            reserve = FD_RESERVE,
+            "the descriptor limit (ulimit -n) is below --max-sessions + --max-preauth-connections + --http-max-connections + {FD_RESERVE}: raise it or lower the caps"
+        );
+    }
+}
+
 /// A running mill.
 pub struct MillNode {
     /// Where the HTTP API listens.
@@ -149,6 +223,14 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 
 /// Opens the store, restores the mill (M29), binds both listeners and starts serving.
 pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
+    opts.tuning.validate().map_err(NodeError::Config)?;
+    check_fd_headroom(&opts.tuning);
+    if crate::http::constant_time_eq(opts.token.as_bytes(), opts.api_token.as_bytes()) {
+        tracing::warn!("the executor and API credentials are the same: any executor host can cancel jobs and lift quarantines; give --api-token-file its own file");
+    }
+    std::fs::create_dir_all(&opts.data)
+        .map_err(io(format!("data directory {}", opts.data.display())))?;
+    warn_if_dir_open(&opts.data);
     let store = MillStore::open(&opts.data)?;
     let snapshot = store.load()?;
     let restored = snapshot
@@ -205,33 +287,38 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         .map_err(io(format!("address file {}", addr_file.display())))?;
 
     let mut tasks = Vec::new();
+    let preauth = Arc::new(Preauth::new(PreauthConfig {
+        hello_timeout: opts.tuning.hello_timeout,
+        max_connections: opts.tuning.max_preauth_connections,
+        token: opts.token.clone(),
+    }));
     tasks.push(tokio::spawn(accept_loop(
         exec_listener,
         handle.sender(),
+        preauth.clone(),
         shutdown_rx.clone(),
     )));
     let api = Api {
         mill: handle.clone(),
         reader: Arc::new(Mutex::new(reader)),
-        token: Arc::new(opts.token.clone()),
+        token: Arc::new(opts.api_token.clone()),
         events: events.clone(),
         data: opts.data.clone(),
+        max_job_timeout: opts.tuning.max_job_timeout,
+        preauth,
     };
-    let app = http::router(api);
-    let mut http_shutdown = shutdown_rx.clone();
-    tasks.push(tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        // Small answers must not wait for Nagle and a delayed ACK.
-        let listener = http_listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = http_shutdown.wait_for(|s| *s).await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "HTTP server failed");
-        }
-    }));
+    let limits = http::HttpLimits {
+        header_timeout: opts.tuning.http_header_timeout,
+        body_timeout: opts.tuning.http_body_timeout,
+        max_connections: opts.tuning.http_max_connections,
+    };
+    let app = http::router(api, &limits);
+    tasks.push(tokio::spawn(http::serve(
+        http_listener,
+        app,
+        limits,
+        shutdown_rx.clone(),
+    )));
     tracing::info!(http = %http_addr, executors = %executor_addr, data = %opts.data.display(), "mill listening");
     Ok(MillNode {
         http_addr,
@@ -284,11 +371,20 @@ impl MillNode {
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
+/// After a failed `accept` (out of descriptors, most often), wait this long before the next
+/// one instead of spinning or giving up on the listener.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accepts executor connections. Each is first a pre-`Hello` connection, handled by its own
+/// task within the bounds of [`Preauth`]; only a connection whose `Hello` carries the
+/// executor token is announced to the mill driver (`Connected`, then the `Hello`).
 async fn accept_loop(
     listener: TcpListener,
     tx: mpsc::Sender<MillCmd>,
+    preauth: Arc<Preauth>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut failures = 0u64;
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -297,24 +393,40 @@ async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Out of descriptors and the like: back off, keep the listener.
+                failures += 1;
+                if failures.is_power_of_two() {
+                    tracing::warn!(error = %e, failures, "accepting an executor connection failed; retrying");
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
-        let conn = ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed));
-        let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
-        if tx
-            .send(MillCmd::Connected { conn, tx: out_tx })
-            .await
-            .is_err()
-        {
-            return;
-        }
-        tracing::debug!(%conn, %peer, "executor connection accepted");
         let tx = tx.clone();
+        let preauth = preauth.clone();
         tokio::spawn(async move {
+            let mut stream = stream;
+            let hello = match preauth.hello(&mut stream).await {
+                Ok(h) => h,
+                Err(rej) => {
+                    tracing::debug!(%peer, reason = rej.kind.name(), detail = %rej.detail, "executor connection closed before Hello");
+                    return;
+                }
+            };
+            let conn = ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed));
+            let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+            if tx
+                .send(MillCmd::Connected { conn, tx: out_tx })
+                .await
+                .is_err()
+                || tx
+                    .send(MillCmd::Net(MillInput::Message { conn, msg: hello }))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            tracing::debug!(%conn, %peer, "executor connection authenticated");
             let deliver = tx.clone();
             let ended = net::run(
                 stream,
@@ -406,6 +518,9 @@ pub fn start_executor(
     let node_id = NodeId::new(opts.node_id.clone())
         .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
     let (name, seats) = parse_engine(&opts.engine)?;
+    std::fs::create_dir_all(&opts.data)
+        .map_err(io(format!("data directory {}", opts.data.display())))?;
+    warn_if_dir_open(&opts.data);
     let (store, snapshot) = ExecStore::open(&opts.data)?;
     let loopback_mill = opts
         .mill

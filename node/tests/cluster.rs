@@ -10,9 +10,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
-use common::{
-    addrs, start_executor, strings, timing, token, wait_for, Api, Mill, Proc, BIN, TIMEOUT,
-};
+use common::{addrs, start_executor, strings, timing, wait_for, Api, Mill, Proc, BIN, TIMEOUT};
 use serde_json::json;
 
 /// Starts a mill whose executors lose their leases after `grace`; waits until it listens.
@@ -81,7 +79,7 @@ fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
     ]);
     let mut sa = Proc::spawn(&args, root.path().join("sa.log"), "info");
     let addrs = addrs(&data, sa.pid());
-    let api = Api::new(&addrs.http, &token(&data));
+    let api = Api::new(&addrs.http, &common::api_token(&data));
     let (s, _) = api.get_raw("/health", false);
     assert_eq!(s, 200);
     let (s, body) = api.get_raw("/v1/jobs", false);
@@ -330,11 +328,18 @@ fn e_wrong_token_is_refused_and_logged_on_both_sides() {
             .contains("the mill refused this executor")
             .then_some(())
     });
+    // Refused before it reaches the mill driver (issue 11: tokenless peers cost no session).
     wait_for("the refusal in the mill's log", || {
-        mill.proc.logs().contains("executor refused").then_some(())
+        mill.proc
+            .logs()
+            .contains("token not accepted")
+            .then_some(())
     });
     let (_, text) = mill.api.get_raw("/metrics", true);
-    assert!(!text.contains("millrace_hello_refused_total 0\n"), "{text}");
+    assert!(
+        !text.contains("millrace_preauth_rejected_total{reason=\"token\"} 0\n"),
+        "{text}"
+    );
     assert!(!mill.api.ready("intruder"));
 
     // Item 3: a frame over the limit, or a malformed one, closes that connection only.

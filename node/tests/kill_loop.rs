@@ -207,7 +207,7 @@ fn i1_mill_kill_loop_runs_no_job_twice_and_loses_none() {
     let mut mill = start_mill(root, "127.0.0.1:0", &flags, MILL_LOG, 0);
     let exec_addr = mill.addrs.executor.clone();
     let tok = mill.data.join("token");
-    let token = common::token(&mill.data);
+    let token = common::api_token(&mill.data);
     let xflags = timing("15s", "3s");
     let _x1 = start_executor(root, &exec_addr, "x1", 4, &tok, &xflags);
     let _x2 = start_executor(root, &exec_addr, "x2", 4, &tok, &xflags);

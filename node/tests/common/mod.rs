@@ -126,10 +126,19 @@ pub fn addrs(data: &Path, pid: u32) -> Addrs {
     })
 }
 
-/// The mill's token, once it wrote it.
+/// The mill's executor token, once it wrote it.
 pub fn token(data: &Path) -> String {
-    wait_for("the token file", || {
-        let t = std::fs::read_to_string(data.join("token")).ok()?;
+    read_credential(&data.join("token"))
+}
+
+/// The mill's API token, once it wrote it.
+pub fn api_token(data: &Path) -> String {
+    read_credential(&data.join("api-token"))
+}
+
+fn read_credential(path: &Path) -> String {
+    wait_for(&format!("the credential {}", path.display()), || {
+        let t = std::fs::read_to_string(path).ok()?;
         let t = t.trim().to_string();
         (!t.is_empty()).then_some(t)
     })
@@ -282,7 +291,7 @@ pub fn start_mill(
     args.extend_from_slice(extra);
     let proc = Proc::spawn(&args, root.join(format!("mill-{n}.log")), rust_log);
     let addrs = addrs(&data, proc.pid());
-    let api = Api::new(&addrs.http, &token(&data));
+    let api = Api::new(&addrs.http, &api_token(&data));
     Mill {
         proc,
         data,

@@ -1,0 +1,418 @@
+//! The executor port before `Hello`: what a peer that has not yet shown a token may cost.
+//!
+//! A fresh connection is not the mill driver's business until it has sent a `Hello` with the
+//! executor token. Until then its connection task alone handles it, within four bounds:
+//!
+//! - **frame size**: the first frame may announce at most [`PREAUTH_MAX_FRAME`] bytes (a
+//!   `Hello` at every wire bound fits in about 7 KiB), checked on the 4-byte prefix before
+//!   any body byte is buffered, and the body buffer is exactly the announced length;
+//! - **deadline**: the `Hello` must be in within `--hello-timeout` (default 5 s);
+//! - **budget**: at most `--max-preauth-connections` (default 512) connections wait for their
+//!   `Hello` at once, counted apart from sessions (`--max-sessions`) so tokenless peers never
+//!   crowd executors out. When the budget is full the *oldest* waiting connection is closed
+//!   to make room: an honest executor sends its `Hello` right after connecting, so it is
+//!   never the oldest for long, while a flood has to outpace its own arrivals to keep a slot;
+//! - **logs**: rejections are counted per reason (`millrace_preauth_rejected_total`) and
+//!   logged at most once per [`LOG_EVERY`] per reason, with how many were not logged.
+//!
+//! A `Hello` with a wrong token is answered with `Refused` here, so the executor still hears
+//! why; the mill's own check (M1) stays as a second line.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use millrace_core::codec::{decode_to_mill, encode_into, CodecError, PREFIX_LEN};
+use millrace_core::wire::{ToExecutor, ToMill};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+/// Largest first frame a peer may announce before it has authenticated. A `Hello` at every
+/// wire bound (128-byte node id, 1 KiB token, 64 labels and 16 engines of 64 bytes) is about
+/// 7 KiB.
+pub const PREAUTH_MAX_FRAME: usize = 16 * 1024;
+
+/// At most one log line per reason this often.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Settings of the pre-`Hello` phase.
+#[derive(Debug, Clone)]
+pub struct PreauthConfig {
+    /// How long a new connection has to deliver its `Hello`.
+    pub hello_timeout: Duration,
+    /// Connections waiting for their `Hello` at once, at most.
+    pub max_connections: usize,
+    /// The executor token a `Hello` must carry.
+    pub token: String,
+}
+
+/// Why a connection was closed before its `Hello` was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reject {
+    /// No complete `Hello` within the deadline.
+    Timeout,
+    /// Closed to make room for a newer connection (the budget was full).
+    Evicted,
+    /// The first frame announced more than [`PREAUTH_MAX_FRAME`] bytes.
+    TooLarge,
+    /// The first frame was not a decodable message.
+    Malformed,
+    /// The first message was not a `Hello`.
+    NotHello,
+    /// The `Hello` spoke another protocol version.
+    Version,
+    /// The `Hello` carried a wrong token.
+    Token,
+    /// The peer closed or the socket failed before the `Hello` was in.
+    Closed,
+}
+
+impl Reject {
+    /// Every reason, for metrics.
+    pub const ALL: [Reject; 8] = [
+        Reject::Timeout,
+        Reject::Evicted,
+        Reject::TooLarge,
+        Reject::Malformed,
+        Reject::NotHello,
+        Reject::Version,
+        Reject::Token,
+        Reject::Closed,
+    ];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reject::Timeout => "timeout",
+            Reject::Evicted => "evicted",
+            Reject::TooLarge => "too_large",
+            Reject::Malformed => "malformed",
+            Reject::NotHello => "not_hello",
+            Reject::Version => "version",
+            Reject::Token => "token",
+            Reject::Closed => "closed",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Reject::Timeout => 0,
+            Reject::Evicted => 1,
+            Reject::TooLarge => 2,
+            Reject::Malformed => 3,
+            Reject::NotHello => 4,
+            Reject::Version => 5,
+            Reject::Token => 6,
+            Reject::Closed => 7,
+        }
+    }
+}
+
+/// A connection turned away before `Hello`, with what to tell the log.
+#[derive(Debug)]
+pub struct Rejected {
+    /// The reason, as counted.
+    pub kind: Reject,
+    /// Details for the log line.
+    pub detail: String,
+}
+
+/// One log gate per reason: the first line of each window is logged with how many were
+/// suppressed since the previous one.
+#[derive(Debug, Default)]
+struct Gate {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+/// The shared pre-`Hello` state: the budget and the counters.
+#[derive(Debug)]
+pub struct Preauth {
+    config: PreauthConfig,
+    waiting: Mutex<Waiting>,
+    admitted: AtomicU64,
+    rejected: [AtomicU64; 8],
+    gates: Mutex<[Gate; 8]>,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    next: u64,
+    /// Oldest first; dropping a sender closes that connection.
+    slots: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+/// A slot in the pre-`Hello` budget; freed when dropped.
+pub struct Slot<'a> {
+    owner: &'a Preauth,
+    id: u64,
+    evicted: oneshot::Receiver<()>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.owner.waiting.lock() {
+            w.slots.remove(&self.id);
+        }
+    }
+}
+
+impl Preauth {
+    /// A fresh budget.
+    pub fn new(config: PreauthConfig) -> Self {
+        Preauth {
+            config,
+            waiting: Mutex::new(Waiting::default()),
+            admitted: AtomicU64::new(0),
+            rejected: Default::default(),
+            gates: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Takes a slot, closing the oldest waiting connection if the budget is full.
+    fn slot(&self) -> Slot<'_> {
+        let (tx, rx) = oneshot::channel();
+        let mut w = self
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while w.slots.len() >= self.config.max_connections.max(1) {
+            // Sending wakes the owner, which closes its connection; dropping would too.
+            match w.slots.pop_first() {
+                Some((_, old)) => {
+                    let _ = old.send(());
+                }
+                None => break,
+            }
+        }
+        let id = w.next;
+        w.next = w.next.wrapping_add(1);
+        w.slots.insert(id, tx);
+        Slot {
+            owner: self,
+            id,
+            evicted: rx,
+        }
+    }
+
+    /// Connections waiting for their `Hello` now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.lock().map(|w| w.slots.len()).unwrap_or(0)
+    }
+
+    /// Reads and checks the first frame. `Ok` carries the `Hello` (token checked); an `Err`
+    /// has been counted and logged (rate-limited), and the connection should be dropped.
+    pub async fn hello(&self, stream: &mut TcpStream) -> Result<ToMill, Rejected> {
+        let mut slot = self.slot();
+        let read = tokio::time::timeout(self.config.hello_timeout, read_first(stream));
+        let r = tokio::select! {
+            r = read => match r {
+                Ok(r) => r,
+                Err(_) => Err(Rejected {
+                    kind: Reject::Timeout,
+                    detail: format!(
+                        "no Hello within {:?} (--hello-timeout)",
+                        self.config.hello_timeout
+                    ),
+                }),
+            },
+            _ = &mut slot.evicted => Err(Rejected {
+                kind: Reject::Evicted,
+                detail: format!(
+                    "{} connections were waiting for their Hello (--max-preauth-connections)",
+                    self.config.max_connections
+                ),
+            }),
+        };
+        drop(slot);
+        let r = r.and_then(|msg| self.check(msg));
+        match &r {
+            Ok(_) => {
+                self.admitted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(rej) => {
+                if rej.kind == Reject::Token || rej.kind == Reject::Version {
+                    // Tell the peer why, bounded in time (it may not read).
+                    let mut frame = Vec::new();
+                    let msg = ToExecutor::Refused {
+                        reason: rej.detail.clone(),
+                    };
+                    if encode_into(&msg, &mut frame).is_ok() {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(1), stream.write_all(&frame))
+                                .await;
+                    }
+                }
+                self.count(rej);
+            }
+        }
+        r
+    }
+
+    fn check(&self, msg: ToMill) -> Result<ToMill, Rejected> {
+        match &msg {
+            ToMill::Hello { node_id, token, .. } => {
+                if crate::http::constant_time_eq(token.as_bytes(), self.config.token.as_bytes()) {
+                    Ok(msg)
+                } else {
+                    let node: String = node_id.chars().take(128).collect();
+                    Err(Rejected {
+                        kind: Reject::Token,
+                        detail: format!("node {node:?}: token not accepted"),
+                    })
+                }
+            }
+            ToMill::Snapshot { .. }
+            | ToMill::ReserveResult { .. }
+            | ToMill::CommitResult { .. }
+            | ToMill::EventBatch { .. }
+            | ToMill::CancelAck { .. }
+            | ToMill::LiveLog { .. } => Err(Rejected {
+                kind: Reject::NotHello,
+                detail: "the first message was not a Hello".into(),
+            }),
+        }
+    }
+
+    fn count(&self, rej: &Rejected) {
+        let i = rej.kind.index();
+        if let Some(c) = self.rejected.get(i) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        let mut gates = self
+            .gates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(g) = gates.get_mut(i) else { return };
+        if g.last.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
+            g.suppressed += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut g.suppressed);
+        g.last = Some(now);
+        drop(gates);
+        tracing::warn!(
+            reason = rej.kind.name(),
+            detail = %rej.detail,
+            suppressed,
+            "executor connection closed before Hello (at most one such line per reason every {LOG_EVERY:?}; suppressed counts the others)"
+        );
+    }
+
+    /// Prometheus text for the pre-`Hello` phase.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        s.push_str(
+            "# HELP millrace_preauth_waiting Executor connections waiting for their Hello.\n",
+        );
+        s.push_str("# TYPE millrace_preauth_waiting gauge\n");
+        s.push_str(&format!("millrace_preauth_waiting {}\n", self.waiting()));
+        s.push_str("# HELP millrace_preauth_admitted_total Connections whose Hello (with a valid token) went to the mill.\n");
+        s.push_str("# TYPE millrace_preauth_admitted_total counter\n");
+        s.push_str(&format!(
+            "millrace_preauth_admitted_total {}\n",
+            self.admitted.load(Ordering::Relaxed)
+        ));
+        s.push_str("# HELP millrace_preauth_rejected_total Connections closed before their Hello was accepted, by reason.\n");
+        s.push_str("# TYPE millrace_preauth_rejected_total counter\n");
+        for r in Reject::ALL {
+            let n = self
+                .rejected
+                .get(r.index())
+                .map_or(0, |c| c.load(Ordering::Relaxed));
+            s.push_str(&format!(
+                "millrace_preauth_rejected_total{{reason=\"{}\"}} {n}\n",
+                r.name()
+            ));
+        }
+        s
+    }
+}
+
+/// Reads exactly one frame (prefix checked against [`PREAUTH_MAX_FRAME`] first) and decodes
+/// it; nothing past it is read, so the session's reader starts at the next frame.
+async fn read_first(stream: &mut TcpStream) -> Result<ToMill, Rejected> {
+    let closed = |e: std::io::Error| Rejected {
+        kind: Reject::Closed,
+        detail: format!("before Hello: {e}"),
+    };
+    let mut prefix = [0u8; PREFIX_LEN];
+    stream.read_exact(&mut prefix).await.map_err(closed)?;
+    let len = usize::try_from(u32::from_be_bytes(prefix)).unwrap_or(usize::MAX);
+    if len > PREAUTH_MAX_FRAME {
+        return Err(Rejected {
+            kind: Reject::TooLarge,
+            detail: format!(
+                "first frame announces {len} bytes; at most {PREAUTH_MAX_FRAME} before Hello"
+            ),
+        });
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await.map_err(closed)?;
+    decode_to_mill(&body).map_err(|e| match e {
+        CodecError::UnsupportedVersion { .. } => Rejected {
+            kind: Reject::Version,
+            detail: e.to_string(),
+        },
+        other => Rejected {
+            kind: Reject::Malformed,
+            detail: other.to_string(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn preauth(max: usize) -> Preauth {
+        Preauth::new(PreauthConfig {
+            hello_timeout: Duration::from_secs(5),
+            max_connections: max,
+            token: "t".into(),
+        })
+    }
+
+    #[test]
+    fn a_full_budget_evicts_the_oldest_waiting_connection() {
+        let p = preauth(2);
+        let mut a = p.slot();
+        let mut b = p.slot();
+        assert_eq!(p.waiting(), 2);
+        let mut c = p.slot();
+        assert_eq!(p.waiting(), 2);
+        assert!(a.evicted.try_recv().is_ok(), "the oldest was not evicted");
+        assert!(b.evicted.try_recv().is_err());
+        assert!(c.evicted.try_recv().is_err());
+        drop(b);
+        assert_eq!(p.waiting(), 1);
+        drop(a);
+        drop(c);
+        assert_eq!(p.waiting(), 0);
+    }
+
+    #[test]
+    fn rejections_are_counted_per_reason() {
+        let p = preauth(2);
+        for _ in 0..3 {
+            p.count(&Rejected {
+                kind: Reject::TooLarge,
+                detail: String::new(),
+            });
+        }
+        let text = p.render();
+        assert!(
+            text.contains("millrace_preauth_rejected_total{reason=\"too_large\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("millrace_preauth_rejected_total{reason=\"timeout\"} 0\n"),
+            "{text}"
+        );
+        let gates = p.gates.lock().unwrap();
+        assert_eq!(gates[Reject::TooLarge.index()].suppressed, 2);
+    }
+}
