@@ -1,12 +1,17 @@
-//! The executor's durable state in SQLite: its epoch, outbox and committed jobs, mirroring
-//! `ExecutorWrite` (E1, E5, E9). The epoch is a random u64 made when the store is created.
+//! The executor's durable state in SQLite: its epoch, outbox and committed jobs with the
+//! reason each is being stopped, mirroring `ExecutorWrite` (E1, E5, E7, E9). The epoch is a
+//! random u64 made when the store is created. A store of schema 1 is upgraded in place.
 
 use std::path::Path;
 
-use millrace_core::executor::{ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StoredJob};
-use millrace_core::wire::Event;
-use millrace_core::{Epoch, LeaseId, Seqno};
+use millrace_core::executor::{
+    ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StopReason, StoredJob, LOST_CONTACT, RESTARTED,
+};
+use millrace_core::job::{LogRef, TerminalStatus};
+use millrace_core::wire::{EndCause, Event, EventKind};
+use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
 use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
 
 use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
 
@@ -15,7 +20,9 @@ pub const SCHEMA: Schema = Schema {
     kind: "executor",
     file: "executor.db",
     application_id: 0x4d52_4531,
-    migrations: &[r"
+    migrations: &[
+        // 1: the first schema.
+        r"
         CREATE TABLE meta (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             epoch INTEGER NOT NULL,
@@ -29,8 +36,82 @@ pub const SCHEMA: Schema = Schema {
             lease INTEGER PRIMARY KEY,
             job BLOB NOT NULL
         );
-    "],
+    ",
+        // 2: a job keeps why it is being stopped (E7, E12), as JSON, NULL while it runs on;
+        // outbox events record their encoding: 1 is protocol 1's event (no cause), 2 is
+        // protocol 2's (a terminal carries its `EndCause`). Existing rows are format 1.
+        r"
+        ALTER TABLE jobs ADD COLUMN stop TEXT;
+        ALTER TABLE outbox ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
+    ",
+    ],
 };
+
+/// The outbox encoding this build writes.
+const EVENT_FORMAT: i64 = 2;
+
+/// A job row's blob: the first schema's layout, kept as is (the stop has its own column).
+#[derive(Serialize, Deserialize)]
+struct JobBlob {
+    job: JobId,
+    engine: String,
+    resources: Resources,
+}
+
+/// An outbox event as protocol 1 encoded it (format 1), read only to upgrade a store.
+#[derive(Deserialize)]
+struct EventV1 {
+    seqno: Seqno,
+    lease: LeaseId,
+    kind: EventKindV1,
+}
+
+#[derive(Deserialize)]
+enum EventKindV1 {
+    Running,
+    Terminal {
+        status: TerminalStatus,
+        exit_code: Option<i32>,
+        error: Option<String>,
+        log: Option<LogRef>,
+    },
+}
+
+impl EventV1 {
+    /// The event as this build sends it. Protocol 1 carried the executor's own verdicts only
+    /// as text, so the cause is read from the exact texts that build wrote (E9, E12); a
+    /// Cancelled status came from a stop asked for (E7); anything else is the engine's.
+    fn upgrade(self) -> Event {
+        let kind = match self.kind {
+            EventKindV1::Running => EventKind::Running,
+            EventKindV1::Terminal {
+                status,
+                exit_code,
+                error,
+                log,
+            } => {
+                let cause = match (status, error.as_deref()) {
+                    (TerminalStatus::Failed, Some(RESTARTED)) => EndCause::Restarted,
+                    (TerminalStatus::Failed, Some(LOST_CONTACT)) => EndCause::LostContact,
+                    (TerminalStatus::Cancelled, _) => EndCause::Cancelled,
+                    _ => EndCause::Engine,
+                };
+                EventKind::Terminal {
+                    status,
+                    exit_code,
+                    error,
+                    log,
+                    cause,
+                }
+            }
+        };
+        Event {
+            seqno: self.seqno,
+            lease: self.lease,
+            kind,
+        }
+    }
+}
 
 /// The executor's store, owned by its driver.
 pub struct ExecStore {
@@ -91,27 +172,59 @@ impl ExecStore {
         snap.next_seqno = Seqno(to_u64(next_seqno));
         let conn = &self.opened.conn;
         let mut stmt = conn
-            .prepare("SELECT seqno, event FROM outbox ORDER BY seqno")
+            .prepare("SELECT seqno, event, format FROM outbox ORDER BY seqno")
             .map_err(self.sq())?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
             .map_err(self.sq())?;
         for row in rows {
-            let (seqno, event) = row.map_err(self.sq())?;
-            let event: Event = postcard::from_bytes(&event)
-                .map_err(|e| self.corrupt(format!("outbox event {seqno}: {e}")))?;
+            let (seqno, event, format) = row.map_err(self.sq())?;
+            let bad = |e: postcard::Error| self.corrupt(format!("outbox event {seqno}: {e}"));
+            let event: Event = match format {
+                1 => postcard::from_bytes::<EventV1>(&event)
+                    .map_err(bad)?
+                    .upgrade(),
+                EVENT_FORMAT => postcard::from_bytes(&event).map_err(bad)?,
+                other => {
+                    return Err(self.corrupt(format!(
+                    "outbox event {seqno}: format {other} (this build reads 1 and {EVENT_FORMAT})"
+                )))
+                }
+            };
             snap.outbox.push_back(event);
         }
         let mut stmt = conn
-            .prepare("SELECT lease, job FROM jobs")
+            .prepare("SELECT lease, job, stop FROM jobs")
             .map_err(self.sq())?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job) = row.map_err(self.sq())?;
-            let job: StoredJob = postcard::from_bytes(&job)
+            let (lease, job, stop) = row.map_err(self.sq())?;
+            let job: JobBlob = postcard::from_bytes(&job)
                 .map_err(|e| self.corrupt(format!("job of lease {lease}: {e}")))?;
+            let stop: Option<StopReason> = stop
+                .map(|s| serde_json::from_str(&s))
+                .transpose()
+                .map_err(|e| self.corrupt(format!("job of lease {lease}: stop: {e}")))?;
+            let job = StoredJob {
+                job: job.job,
+                engine: job.engine,
+                resources: job.resources,
+                stop,
+            };
             snap.jobs.insert(LeaseId(to_u64(lease)), job);
         }
         snap.validate().map_err(|e| self.corrupt(e.to_string()))?;
@@ -129,6 +242,12 @@ impl ExecStore {
             path: path.clone(),
             reason: format!("encode: {e}"),
         };
+        let json = |stop: &StopReason| {
+            serde_json::to_string(stop).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                reason: format!("encode: {e}"),
+            })
+        };
         let tx = self.opened.conn.transaction().map_err(sq)?;
         for batch in batches {
             for write in &batch.writes {
@@ -136,9 +255,12 @@ impl ExecStore {
                     ExecutorWrite::Append(event) => {
                         let blob = postcard::to_allocvec(event).map_err(enc)?;
                         tx.prepare_cached(
-                            "INSERT OR REPLACE INTO outbox (seqno, event) VALUES (?1, ?2)",
+                            "INSERT OR REPLACE INTO outbox (seqno, event, format)
+                             VALUES (?1, ?2, ?3)",
                         )
-                        .and_then(|mut st| st.execute(params![to_i64(event.seqno.get()), blob]))
+                        .and_then(|mut st| {
+                            st.execute(params![to_i64(event.seqno.get()), blob, EVENT_FORMAT])
+                        })
                         .map_err(sq)?;
                         tx.prepare_cached(
                             "UPDATE meta SET next_seqno = max(next_seqno, ?1) WHERE id = 1",
@@ -152,12 +274,24 @@ impl ExecStore {
                             .map_err(sq)?;
                     }
                     ExecutorWrite::JobCommitted { lease, job } => {
-                        let blob = postcard::to_allocvec(job).map_err(enc)?;
+                        let blob = postcard::to_allocvec(&JobBlob {
+                            job: job.job,
+                            engine: job.engine.clone(),
+                            resources: job.resources.clone(),
+                        })
+                        .map_err(enc)?;
+                        let stop = job.stop.as_ref().map(json).transpose()?;
                         tx.prepare_cached(
-                            "INSERT OR REPLACE INTO jobs (lease, job) VALUES (?1, ?2)",
+                            "INSERT OR REPLACE INTO jobs (lease, job, stop) VALUES (?1, ?2, ?3)",
                         )
-                        .and_then(|mut st| st.execute(params![to_i64(lease.get()), blob]))
+                        .and_then(|mut st| st.execute(params![to_i64(lease.get()), blob, stop]))
                         .map_err(sq)?;
+                    }
+                    ExecutorWrite::JobStopping { lease, stop } => {
+                        let stop = json(stop)?;
+                        tx.prepare_cached("UPDATE jobs SET stop = ?2 WHERE lease = ?1")
+                            .and_then(|mut st| st.execute(params![to_i64(lease.get()), stop]))
+                            .map_err(sq)?;
                     }
                     ExecutorWrite::JobEnded { lease } => {
                         tx.prepare_cached("DELETE FROM jobs WHERE lease = ?1")
@@ -214,6 +348,7 @@ mod tests {
                             job: JobId(1),
                             engine: "shell".into(),
                             resources: Resources::new(),
+                            stop: None,
                         },
                     },
                     ExecutorWrite::Append(ev(1, EventKind::Running)),
@@ -228,6 +363,7 @@ mod tests {
                             exit_code: Some(0),
                             error: None,
                             log: None,
+                            cause: EndCause::Engine,
                         },
                     )),
                     ExecutorWrite::JobEnded { lease: LeaseId(9) },

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use millrace_core::job::{Identity, JobSpec, JobState};
-use millrace_core::mill::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+use millrace_core::mill::{
+    CancelRecord, JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+};
 use millrace_core::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -20,7 +22,9 @@ pub const SCHEMA: Schema = Schema {
     kind: "mill",
     file: "mill.db",
     application_id: 0x4d52_4d31,
-    migrations: &[r"
+    migrations: &[
+        // 1: the first schema.
+        r"
         CREATE TABLE counters (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             next_job INTEGER NOT NULL,
@@ -67,7 +71,13 @@ pub const SCHEMA: Schema = Schema {
         CREATE TABLE quarantine (
             node TEXT PRIMARY KEY
         );
-    "],
+    ",
+        // 2: a lease keeps the cancel the mill accepted for it (M26, M29), as JSON; NULL
+        // when none. Existing leases have none.
+        r"
+        ALTER TABLE leases ADD COLUMN cancel TEXT;
+    ",
+    ],
 };
 
 /// The mill's store, owned by the mill driver.
@@ -150,7 +160,7 @@ impl MillStore {
             );
         }
         let mut stmt = conn
-            .prepare("SELECT lease, job, node, epoch, state, resources FROM leases")
+            .prepare("SELECT lease, job, node, epoch, state, resources, cancel FROM leases")
             .map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
@@ -161,11 +171,12 @@ impl MillStore {
                     r.get::<_, i64>(3)?,
                     r.get::<_, String>(4)?,
                     r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
                 ))
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job, node, epoch, state, resources) = row.map_err(self.sq())?;
+            let (lease, job, node, epoch, state, resources, cancel) = row.map_err(self.sq())?;
             let node =
                 NodeId::new(node).map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
             let state = match state.as_str() {
@@ -175,6 +186,10 @@ impl MillStore {
             };
             let resources: Resources = serde_json::from_str(&resources)
                 .map_err(|e| self.corrupt(format!("lease {lease}: resources: {e}")))?;
+            let cancel: Option<CancelRecord> = cancel
+                .map(|c| serde_json::from_str(&c))
+                .transpose()
+                .map_err(|e| self.corrupt(format!("lease {lease}: cancel: {e}")))?;
             let lease = LeaseId(to_u64(lease));
             snap.leases.insert(
                 lease,
@@ -185,6 +200,7 @@ impl MillStore {
                     epoch: Epoch(to_u64(epoch)),
                     resources,
                     state,
+                    cancel,
                 },
             );
         }
@@ -353,11 +369,13 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                 LeaseState::Running => "running",
             };
             let resources = json(&record.resources)?;
+            let cancel = record.cancel.as_ref().map(json).transpose()?;
             tx.prepare_cached(
-                "INSERT INTO leases (lease, job, node, epoch, state, resources)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO leases (lease, job, node, epoch, state, resources, cancel)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (lease) DO UPDATE SET job = excluded.job, node = excluded.node,
-                   epoch = excluded.epoch, state = excluded.state, resources = excluded.resources",
+                   epoch = excluded.epoch, state = excluded.state, resources = excluded.resources,
+                   cancel = excluded.cancel",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -366,9 +384,15 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     record.node.as_str(),
                     to_i64(record.epoch.get()),
                     state,
-                    resources
+                    resources,
+                    cancel
                 ])
             })?;
+        }
+        MillWrite::LeaseCancel { lease, cancel } => {
+            let cancel = json(cancel)?;
+            tx.prepare_cached("UPDATE leases SET cancel = ?2 WHERE lease = ?1")
+                .and_then(|mut st| st.execute(params![to_i64(lease.get()), cancel]))?;
         }
         MillWrite::LeaseDelete { lease } => {
             tx.prepare_cached("DELETE FROM leases WHERE lease = ?1")
@@ -624,6 +648,7 @@ mod tests {
                         epoch: Epoch(u64::MAX - 3),
                         resources: Resources::from([("jobs".to_string(), 1)]),
                         state: LeaseState::Running,
+                        cancel: None,
                     }),
                     MillWrite::JobState {
                         job: JobId(1),

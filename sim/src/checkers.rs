@@ -428,6 +428,7 @@ impl Checker {
                     }
                 }
                 MillWrite::Counters { .. }
+                | MillWrite::LeaseCancel { .. }
                 | MillWrite::QuotaRelease { .. }
                 | MillWrite::QuotaHold { .. } => {}
             }
@@ -492,8 +493,8 @@ impl Checker {
             }
         }
         let error = t.error.as_deref().unwrap_or("");
-        // The mill's own verdicts (M5, M8), by cause, never by text; the executor's
-        // self-fencing terminal (E12) is `Reported`, an engine-side result.
+        // The mill's own verdicts (M5, M8), by cause, never by text; the executor's own
+        // verdicts (E9 `ExecutorRestarted`, E12 `LostContact`) are results it reported.
         let lost = matches!(
             t.cause,
             Some(
@@ -609,11 +610,10 @@ impl Checker {
     /// own M18 cancel was first), unless the executor persisted its own terminal for the
     /// lease before the `CancelAttempt` reached it (the engine's result raced the cancel).
     ///
-    /// Two cases are left out, because the design keeps the cancel only in memory (found
-    /// by this check; see MUTATIONS.md's notes): a mill that crashed after accepting the
-    /// cancel forgets it (M26's pending cancel is not among M29's durable state), and an
-    /// executor that crashed after receiving it forgets why it was stopping the job, so E9
-    /// ends it Failed "executor restarted".
+    /// Held in full, across mill restarts (the accepted cancel is durable, M29) and executor
+    /// restarts (the stop is durable before the ack, E7): an executor's own verdict, E9's
+    /// restart or E12's self-fencing (by cause, never by text), is excused only when it was
+    /// persisted before the cancel reached that executor.
     fn i11_terminal(
         &self,
         w: &World,
@@ -627,9 +627,7 @@ impl Checker {
         if matches!(
             t.status,
             TerminalStatus::Cancelled | TerminalStatus::Timeout
-        ) || c.mill_inc != w.mill_inc
-            || t.error.as_deref() == Some("executor restarted")
-        {
+        ) {
             return Ok(());
         }
         let own = match (exec, t.lease) {
@@ -645,13 +643,24 @@ impl Checker {
                 None => return Ok(()),
                 Some(&seen) if at <= seen => return Ok(()),
                 Some(&seen) => {
+                    let rule = match t.cause {
+                        Some(TerminalCause::ExecutorRestarted) => {
+                            "E9: the executor restarted and forgot the stop it had acked"
+                        }
+                        Some(TerminalCause::LostContact) => {
+                            "E12: self-fencing overrode the stop it had acked"
+                        }
+                        _ => "E7: a stop asked for decides the status",
+                    };
                     return fail(
                         "I11",
                         format!(
-                            "{job}: cancel accepted at {}, reached x{exec} at {}, yet {lease} ended {} by x{exec}'s terminal of {} (E7: a stop asked for decides the status)",
+                            "{job}: cancel accepted at {} (mill incarnation {}), reached x{exec} at {}, yet {lease} ended {} ({:?}) by x{exec}'s terminal of {} ({rule})",
                             secs(c.at),
+                            c.mill_inc,
                             secs(seen),
                             t.status,
+                            t.cause,
                             secs(at)
                         ),
                     );
@@ -661,9 +670,10 @@ impl Checker {
         fail(
             "I11",
             format!(
-                "{job}: cancel accepted at {} (mill incarnation {}), yet the mill recorded {} {:?} under {:?} on {:?} with no executor terminal before the cancel",
+                "{job}: cancel accepted at {} (mill incarnation {}, now {}), yet the mill recorded {} {:?} under {:?} on {:?} with no executor terminal before the cancel",
                 secs(c.at),
                 c.mill_inc,
+                w.mill_inc,
                 t.status,
                 t.error.as_deref().unwrap_or(""),
                 t.lease,
@@ -946,8 +956,26 @@ impl Checker {
                 compatible("I7", exec, p, spec, *job)?;
                 self.ask_conn.insert(*lease, (conn, w.mill_inc));
             }
-            ToExecutor::ReleaseLease { lease } | ToExecutor::CancelAttempt { lease, .. } => {
+            ToExecutor::ReleaseLease { lease } => {
                 self.let_go.insert(*lease);
+            }
+            ToExecutor::CancelAttempt { lease, .. } => {
+                self.let_go.insert(*lease);
+                // A cancel of a lease the mill still holds durably (a running lease: a
+                // reserved one is deleted before its cancel) is durable first (M26, M29).
+                let undurable = w
+                    .mill_store
+                    .leases
+                    .get(lease)
+                    .is_some_and(|l| l.node == p.node && l.cancel.is_none());
+                if undurable {
+                    return fail(
+                        "persist-before-send",
+                        format!(
+                            "CancelAttempt {lease} to x{exec} before the cancel was durable (M26, M29)"
+                        ),
+                    );
+                }
             }
             ToExecutor::CommitLease { lease, .. } => {
                 let stored = w
@@ -1051,7 +1079,9 @@ impl Checker {
                 ExecutorWrite::JobCommitted { lease, .. } => {
                     self.committed.insert((exec, epoch, *lease));
                 }
-                ExecutorWrite::Trim { .. } | ExecutorWrite::JobEnded { .. } => {}
+                ExecutorWrite::Trim { .. }
+                | ExecutorWrite::JobStopping { .. }
+                | ExecutorWrite::JobEnded { .. } => {}
             }
         }
         Ok(())
@@ -1126,6 +1156,16 @@ impl Checker {
                 }
             }
             ToMill::ReserveResult { accepted: true, .. } => self.seats_within_capacity(w, exec)?,
+            // E7: the stop of a running job is durable before its ack goes out, so a
+            // restart still ends the job Cancelled (E9).
+            ToMill::CancelAck { lease }
+                if p.store.jobs.get(lease).is_some_and(|j| j.stop.is_none()) =>
+            {
+                return fail(
+                    "persist-before-send",
+                    format!("x{exec} acked the cancel of {lease} before its stop was durable (E7)"),
+                );
+            }
             _ => {}
         }
         Ok(())

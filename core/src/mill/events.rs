@@ -6,7 +6,7 @@ use super::terminals::TerminalMemory;
 use super::{LeaseState, Mill, MillWrite, ViolationKind};
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{Epoch, LeaseId, NodeId, Seqno};
-use crate::wire::{self, Event, EventKind, ToExecutor};
+use crate::wire::{self, EndCause, Event, EventKind, ToExecutor};
 
 impl Mill {
     /// Checks the whole batch first (M19, M20, M22, M25): a bad batch is a violation and
@@ -124,11 +124,18 @@ impl Mill {
                 exit_code,
                 error,
                 log,
+                cause,
             } => {
                 // A stop the mill asked for ended it: that cancel is the cause (M26, M18).
-                let (status, cause) = match cancel {
-                    Some((c, cause)) if status == TerminalStatus::Cancelled => (c, cause),
-                    _ => (status, TerminalCause::Reported),
+                // Otherwise the executor's typed account: the engine's result, or its own
+                // restart (E9) or self-fencing (E12).
+                let (status, cause) = match (cancel, cause) {
+                    (Some((c, cause)), _) if status == TerminalStatus::Cancelled => (c, cause),
+                    (_, EndCause::Restarted) => (status, TerminalCause::ExecutorRestarted),
+                    (_, EndCause::LostContact) => (status, TerminalCause::LostContact),
+                    (_, EndCause::Engine | EndCause::Cancelled) => {
+                        (status, TerminalCause::Reported)
+                    }
                 };
                 let t = Terminal {
                     status,

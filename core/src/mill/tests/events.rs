@@ -279,6 +279,7 @@ fn m24_a_terminal_records_the_status_releases_quota_and_wakes_placement() {
                 exit_code: Some(0),
                 error: None,
                 log: Some(log_for(lease)),
+                cause: crate::wire::EndCause::Engine,
             },
         )],
     );
@@ -309,6 +310,7 @@ fn m25_a_bad_log_reference_is_a_violation() {
                 exit_code: Some(0),
                 error: None,
                 log: Some(bad),
+                cause: crate::wire::EndCause::Engine,
             },
         )],
     );
@@ -360,4 +362,38 @@ fn m23_an_empty_batch_is_acked_so_executors_can_use_it_as_a_heartbeat() {
         }]
     );
     assert!(h.writes().is_empty());
+}
+
+/// The executor's own verdicts arrive typed (protocol 2): a terminal's `EndCause` becomes the
+/// recorded cause; its text stays the human reason.
+fn executor_verdict(cause: crate::wire::EndCause, text: &str) -> crate::job::Terminal {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    let kind = EventKind::Terminal {
+        status: TerminalStatus::Failed,
+        exit_code: None,
+        error: Some(text.into()),
+        log: None,
+        cause,
+    };
+    h.events(a, 1, vec![(1, lease, kind)]);
+    h.terminal_of(job).unwrap()
+}
+
+#[test]
+fn e9_an_executor_restart_is_recorded_by_cause() {
+    let t = executor_verdict(crate::wire::EndCause::Restarted, "executor restarted");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::ExecutorRestarted));
+    assert_eq!(t.error.as_deref(), Some("executor restarted"));
+}
+
+#[test]
+fn e12_self_fencing_is_recorded_by_cause() {
+    let t = executor_verdict(crate::wire::EndCause::LostContact, "any words");
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::LostContact));
+    // The cause is the data; the text is not matched on.
+    let t = executor_verdict(crate::wire::EndCause::Engine, "executor restarted");
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::Reported));
 }
