@@ -15,14 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
 
-/// The executor store's schema, by version.
-pub const SCHEMA: Schema = Schema {
-    kind: "executor",
-    file: "executor.db",
-    application_id: 0x4d52_4531,
-    migrations: &[
-        // 1: the first schema.
-        r"
+/// Schema 1: the first schema.
+pub const SCHEMA_V1: &str = r"
         CREATE TABLE meta (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             epoch INTEGER NOT NULL,
@@ -36,15 +30,22 @@ pub const SCHEMA: Schema = Schema {
             lease INTEGER PRIMARY KEY,
             job BLOB NOT NULL
         );
-    ",
-        // 2: a job keeps why it is being stopped (E7, E12), as JSON, NULL while it runs on;
-        // outbox events record their encoding: 1 is protocol 1's event (no cause), 2 is
-        // protocol 2's (a terminal carries its `EndCause`). Existing rows are format 1.
-        r"
+    ";
+
+/// Schema 2: a job keeps why it is being stopped (E7, E12), as JSON, NULL while it runs on;
+/// outbox events record their encoding: 1 is protocol 1's event (no cause), 2 is
+/// protocol 2's (a terminal carries its `EndCause`). Existing rows are format 1.
+pub const SCHEMA_V2: &str = r"
         ALTER TABLE jobs ADD COLUMN stop TEXT;
         ALTER TABLE outbox ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
-    ",
-    ],
+    ";
+
+/// The executor store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "executor",
+    file: "executor.db",
+    application_id: 0x4d52_4531,
+    migrations: &[SCHEMA_V1, SCHEMA_V2],
 };
 
 /// The outbox encoding this build writes.
@@ -59,14 +60,14 @@ struct JobBlob {
 }
 
 /// An outbox event as protocol 1 encoded it (format 1), read only to upgrade a store.
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct EventV1 {
     seqno: Seqno,
     lease: LeaseId,
     kind: EventKindV1,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 enum EventKindV1 {
     Running,
     Terminal {
@@ -378,5 +379,102 @@ mod tests {
         store.close().unwrap();
         let (_store, loaded) = ExecStore::open(dir.path()).unwrap();
         assert_eq!(loaded, reference);
+    }
+
+    /// A store written by the first schema (protocol 1 events, no stop column) opens,
+    /// upgrades in place, and reads as this build would have written it (E5, E9).
+    #[test]
+    fn e9_a_schema_1_store_opens_and_upgrades() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = Schema {
+            migrations: &[SCHEMA_V1],
+            ..SCHEMA
+        };
+        let old = |seqno: u64, error: Option<&str>| EventV1 {
+            seqno: Seqno(seqno),
+            lease: LeaseId(seqno),
+            kind: EventKindV1::Terminal {
+                status: TerminalStatus::Failed,
+                exit_code: None,
+                error: error.map(str::to_string),
+                log: None,
+            },
+        };
+        {
+            let opened = sqlite::open(dir.path(), &v1).unwrap();
+            let c = &opened.conn;
+            c.execute(
+                "INSERT INTO meta (id, epoch, next_seqno) VALUES (1, ?1, 4)",
+                params![to_i64(77)],
+            )
+            .unwrap();
+            for (seqno, error) in [(1, Some(RESTARTED)), (2, Some(LOST_CONTACT)), (3, None)] {
+                let blob = postcard::to_allocvec(&old(seqno, error)).unwrap();
+                c.execute(
+                    "INSERT INTO outbox (seqno, event) VALUES (?1, ?2)",
+                    params![to_i64(seqno), blob],
+                )
+                .unwrap();
+            }
+            let job = postcard::to_allocvec(&JobBlob {
+                job: JobId(5),
+                engine: "shell".into(),
+                resources: Resources::new(),
+            })
+            .unwrap();
+            c.execute("INSERT INTO jobs (lease, job) VALUES (9, ?1)", params![job])
+                .unwrap();
+            let version: i64 = c
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(version, 1);
+            opened.close().unwrap();
+        }
+        let (mut store, loaded) = ExecStore::open(dir.path()).unwrap();
+        let version: i64 = store
+            .opened
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2, "upgraded in place");
+        assert_eq!(loaded.epoch, Epoch(77));
+        let causes: Vec<EndCause> = loaded
+            .outbox
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::Terminal { cause, .. } => *cause,
+                EventKind::Running => panic!("{e:?}"),
+            })
+            .collect();
+        assert_eq!(
+            causes,
+            [EndCause::Restarted, EndCause::LostContact, EndCause::Engine]
+        );
+        let job = &loaded.jobs[&LeaseId(9)];
+        assert_eq!((job.job, job.stop.clone()), (JobId(5), None));
+        // New writes land beside the old rows and read back in order.
+        let mut reference = loaded.clone();
+        let batch = ExecutorBatch {
+            writes: vec![
+                ExecutorWrite::JobStopping {
+                    lease: LeaseId(9),
+                    stop: StopReason::Cancel("by alice".into()),
+                },
+                ExecutorWrite::Append(Event {
+                    seqno: Seqno(4),
+                    lease: LeaseId(9),
+                    kind: EventKind::Running,
+                }),
+            ],
+        };
+        reference.apply(&batch);
+        store.apply(std::slice::from_ref(&batch)).unwrap();
+        store.close().unwrap();
+        let (_store, again) = ExecStore::open(dir.path()).unwrap();
+        assert_eq!(again, reference);
+        assert_eq!(
+            again.jobs[&LeaseId(9)].stop,
+            Some(StopReason::Cancel("by alice".into()))
+        );
     }
 }

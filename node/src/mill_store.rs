@@ -17,14 +17,8 @@ use serde::Serialize;
 
 use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
 
-/// The mill store's schema, by version.
-pub const SCHEMA: Schema = Schema {
-    kind: "mill",
-    file: "mill.db",
-    application_id: 0x4d52_4d31,
-    migrations: &[
-        // 1: the first schema.
-        r"
+/// Schema 1: the first schema.
+pub const SCHEMA_V1: &str = r"
         CREATE TABLE counters (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             next_job INTEGER NOT NULL,
@@ -71,13 +65,20 @@ pub const SCHEMA: Schema = Schema {
         CREATE TABLE quarantine (
             node TEXT PRIMARY KEY
         );
-    ",
-        // 2: a lease keeps the cancel the mill accepted for it (M26, M29), as JSON; NULL
-        // when none. Existing leases have none.
-        r"
+    ";
+
+/// Schema 2: a lease keeps the cancel the mill accepted for it (M26, M29), as JSON; NULL
+/// when none. Existing leases have none.
+pub const SCHEMA_V2: &str = r"
         ALTER TABLE leases ADD COLUMN cancel TEXT;
-    ",
-    ],
+    ";
+
+/// The mill store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "mill",
+    file: "mill.db",
+    application_id: 0x4d52_4d31,
+    migrations: &[SCHEMA_V1, SCHEMA_V2],
 };
 
 /// The mill's store, owned by the mill driver.
@@ -665,6 +666,14 @@ mod tests {
                             "x",
                         )),
                     },
+                    MillWrite::LeaseCancel {
+                        lease: LeaseId(7),
+                        cancel: CancelRecord {
+                            reason: "job timeout exceeded".into(),
+                            status: TerminalStatus::Timeout,
+                            cause: millrace_core::TerminalCause::Timeout,
+                        },
+                    },
                     MillWrite::Cursor {
                         node: node.clone(),
                         epoch: Epoch(u64::MAX - 3),
@@ -702,5 +711,80 @@ mod tests {
         assert_eq!(reader.jobs(Some("running"), 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(Some("done"), 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(None, 10).unwrap().len(), 2);
+    }
+
+    /// A store written by the first schema (leases without a cancel column) opens, upgrades
+    /// in place, and then keeps a lease's cancel across a reopen (M26, M29).
+    #[test]
+    fn m29_a_schema_1_store_opens_upgrades_and_keeps_cancels() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = Schema {
+            migrations: &[SCHEMA_V1],
+            ..SCHEMA
+        };
+        let node = NodeId::new("n1").unwrap();
+        let running = JobState::Running {
+            lease: LeaseId(7),
+            node: node.clone(),
+        };
+        {
+            let opened = sqlite::open(dir.path(), &v1).unwrap();
+            let c = &opened.conn;
+            c.execute_batch(
+                "INSERT INTO counters (id, next_job, lease_floor) VALUES (1, 2, 1025);",
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
+                 VALUES (1, ?1, 5, 'running', ?2, 0, 5)",
+                params![
+                    postcard::to_allocvec(&spec()).unwrap(),
+                    serde_json::to_string(&running).unwrap()
+                ],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO leases (lease, job, node, epoch, state, resources)
+                 VALUES (7, 1, 'n1', 3, 'running', '{}')",
+                [],
+            )
+            .unwrap();
+            opened.close().unwrap();
+        }
+        let mut store = MillStore::open(dir.path()).unwrap();
+        let version: i64 = store
+            .opened
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2, "upgraded in place");
+        let mut reference = store.load().unwrap().unwrap();
+        let lease = &reference.leases[&LeaseId(7)];
+        assert_eq!(lease.cancel, None, "an old lease has no cancel");
+        assert_eq!(lease.state, LeaseState::Running);
+        assert_eq!(reference.jobs[&JobId(1)].state, running);
+        let batch = MillBatch {
+            writes: vec![MillWrite::LeaseCancel {
+                lease: LeaseId(7),
+                cancel: CancelRecord {
+                    reason: "stop it".into(),
+                    status: TerminalStatus::Cancelled,
+                    cause: millrace_core::TerminalCause::Cancelled,
+                },
+            }],
+        };
+        reference.apply(&batch);
+        store.apply(std::slice::from_ref(&batch), 9).unwrap();
+        store.close().unwrap();
+        let store = MillStore::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap().unwrap();
+        assert_eq!(loaded, reference);
+        assert_eq!(
+            loaded.leases[&LeaseId(7)]
+                .cancel
+                .as_ref()
+                .map(|c| c.reason.as_str()),
+            Some("stop it")
+        );
     }
 }

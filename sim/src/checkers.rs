@@ -17,7 +17,7 @@ use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
 use millrace_core::job::{JobSpec, JobState, Terminal, TerminalCause, TerminalStatus};
 use millrace_core::mill::{MillBatch, MillWrite};
 use millrace_core::quota::Scope;
-use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill};
+use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
 
 use crate::scenario::{Micros, SEC};
@@ -50,8 +50,8 @@ pub struct EventSummary {
     pub seqno: Seqno,
     /// Its lease.
     pub lease: LeaseId,
-    /// Status and exit code, for a terminal.
-    pub terminal: Option<(TerminalStatus, Option<i32>)>,
+    /// Status, exit code and who ended the job, for a terminal.
+    pub terminal: Option<(TerminalStatus, Option<i32>, EndCause)>,
 }
 
 impl EventSummary {
@@ -63,8 +63,11 @@ impl EventSummary {
             terminal: match &e.kind {
                 EventKind::Running => None,
                 EventKind::Terminal {
-                    status, exit_code, ..
-                } => Some((*status, *exit_code)),
+                    status,
+                    exit_code,
+                    cause,
+                    ..
+                } => Some((*status, *exit_code, *cause)),
             },
         }
     }
@@ -131,6 +134,32 @@ struct ResultRec {
     seqno: Seqno,
     status: TerminalStatus,
     exit_code: Option<i32>,
+    cause: EndCause,
+}
+
+/// I3: the terminal the mill records for a result the executor reported keeps its status
+/// and exit code, but for the mill's own cancel: a Cancelled stop is recorded Timeout when
+/// M18 asked for it, and an executor's own verdict (E9 restart, E12 fencing) on a job the
+/// mill was cancelling is recorded as that cancel (M26, like M5's grace expiry).
+fn recorded_as_reported(
+    status: TerminalStatus,
+    exit_code: Option<i32>,
+    cause: EndCause,
+    t: &Terminal,
+) -> bool {
+    let cancelled = matches!(
+        t.status,
+        TerminalStatus::Cancelled | TerminalStatus::Timeout
+    );
+    let same = status == t.status
+        || (status == TerminalStatus::Cancelled && t.status == TerminalStatus::Timeout)
+        || (matches!(cause, EndCause::Restarted | EndCause::LostContact)
+            && cancelled
+            && matches!(
+                t.cause,
+                Some(TerminalCause::Cancelled | TerminalCause::Timeout)
+            ));
+    same && exit_code == t.exit_code
 }
 
 /// A cancel the mill accepted (I11).
@@ -476,11 +505,8 @@ impl Checker {
                     .iter()
                     .find(|e| e.lease == lease)
                     .and_then(|e| e.terminal);
-                if let Some((status, exit_code)) = reported {
-                    let same = status == t.status
-                        || (status == TerminalStatus::Cancelled
-                            && t.status == TerminalStatus::Timeout);
-                    if !same || exit_code != t.exit_code {
+                if let Some((status, exit_code, cause)) = reported {
+                    if !recorded_as_reported(status, exit_code, cause, t) {
                         return fail(
                             "I3",
                             format!(
@@ -586,9 +612,7 @@ impl Checker {
         if r.seqno > applied {
             return Ok(());
         }
-        let same = r.status == t.status
-            || (r.status == TerminalStatus::Cancelled && t.status == TerminalStatus::Timeout);
-        if !same || r.exit_code != t.exit_code {
+        if !recorded_as_reported(r.status, r.exit_code, r.cause, t) {
             return fail(
                 "I3",
                 format!(
@@ -611,9 +635,9 @@ impl Checker {
     /// lease before the `CancelAttempt` reached it (the engine's result raced the cancel).
     ///
     /// Held in full, across mill restarts (the accepted cancel is durable, M29) and executor
-    /// restarts (the stop is durable before the ack, E7): an executor's own verdict, E9's
-    /// restart or E12's self-fencing (by cause, never by text), is excused only when it was
-    /// persisted before the cancel reached that executor.
+    /// restarts (the stop is durable before the ack, E7). An executor's own verdict, E9's
+    /// restart or E12's self-fencing (known by cause, never by text), is never excused: it
+    /// is no engine result, so the mill, which holds the cancel, records the cancel (M26).
     fn i11_terminal(
         &self,
         w: &World,
@@ -630,6 +654,27 @@ impl Checker {
         ) {
             return Ok(());
         }
+        if let Some(kind @ (TerminalCause::ExecutorRestarted | TerminalCause::LostContact)) =
+            t.cause
+        {
+            let rule = if kind == TerminalCause::ExecutorRestarted {
+                "E9"
+            } else {
+                "E12"
+            };
+            return fail(
+                "I11",
+                format!(
+                    "{job}: cancel accepted at {} (mill incarnation {}, now {}), yet the mill recorded the executor's own verdict ({kind}, {rule}) {} under {:?} on {:?}: the cancel it held should have decided the terminal (M26)",
+                    secs(c.at),
+                    c.mill_inc,
+                    w.mill_inc,
+                    t.status,
+                    t.lease,
+                    t.node
+                ),
+            );
+        }
         let own = match (exec, t.lease) {
             (Some(exec), Some(lease)) => self
                 .runs
@@ -643,24 +688,14 @@ impl Checker {
                 None => return Ok(()),
                 Some(&seen) if at <= seen => return Ok(()),
                 Some(&seen) => {
-                    let rule = match t.cause {
-                        Some(TerminalCause::ExecutorRestarted) => {
-                            "E9: the executor restarted and forgot the stop it had acked"
-                        }
-                        Some(TerminalCause::LostContact) => {
-                            "E12: self-fencing overrode the stop it had acked"
-                        }
-                        _ => "E7: a stop asked for decides the status",
-                    };
                     return fail(
                         "I11",
                         format!(
-                            "{job}: cancel accepted at {} (mill incarnation {}), reached x{exec} at {}, yet {lease} ended {} ({:?}) by x{exec}'s terminal of {} ({rule})",
+                            "{job}: cancel accepted at {} (mill incarnation {}), reached x{exec} at {}, yet {lease} ended {} by x{exec}'s terminal of {} (E7: a stop asked for decides the status)",
                             secs(c.at),
                             c.mill_inc,
                             secs(seen),
                             t.status,
-                            t.cause,
                             secs(at)
                         ),
                     );
@@ -1062,7 +1097,10 @@ impl Checker {
                     }
                     h.push(e.clone());
                     if let EventKind::Terminal {
-                        status, exit_code, ..
+                        status,
+                        exit_code,
+                        cause,
+                        ..
                     } = &e.kind
                     {
                         self.results.insert(
@@ -1072,6 +1110,7 @@ impl Checker {
                                 seqno: e.seqno,
                                 status: *status,
                                 exit_code: *exit_code,
+                                cause: *cause,
                             },
                         );
                     }

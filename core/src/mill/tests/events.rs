@@ -397,3 +397,41 @@ fn e12_self_fencing_is_recorded_by_cause() {
     let t = executor_verdict(crate::wire::EndCause::Engine, "executor restarted");
     assert_eq!(t.cause, Some(crate::job::TerminalCause::Reported));
 }
+
+/// M26 with E9/E12: the executor's own verdict (it restarted, or fenced itself, before it
+/// acted on the cancel) ends a job the mill was cancelling Cancelled, as grace expiry would
+/// (M5): no engine result raced the cancel. The executor's text stays in the reason.
+#[test]
+fn m26_an_executor_verdict_on_a_job_being_cancelled_ends_it_cancelled() {
+    for (cause, text) in [
+        (crate::wire::EndCause::Restarted, "executor restarted"),
+        (
+            crate::wire::EndCause::LostContact,
+            "executor lost contact with the mill",
+        ),
+    ] {
+        let mut h = H::new();
+        let a = h.ready("a", 0.0);
+        let (job, lease) = h.run_on(a, spec());
+        h.cancel_req(job, "stop it".into()).unwrap();
+        let kind = EventKind::Terminal {
+            status: TerminalStatus::Failed,
+            exit_code: None,
+            error: Some(text.into()),
+            log: None,
+            cause,
+        };
+        h.events(a, 1, vec![(1, lease, kind)]);
+        let t = h.terminal_of(job).unwrap();
+        assert_eq!(t.status, TerminalStatus::Cancelled, "{cause:?}");
+        assert_eq!(t.cause, Some(crate::job::TerminalCause::Cancelled));
+        assert_eq!(t.error, Some(format!("stop it ({text})")));
+    }
+    // The engine's own result still wins over a cancel it raced (I11).
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.cancel_req(job, "stop it".into()).unwrap();
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Failed))]);
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Failed);
+}
