@@ -33,7 +33,9 @@ use std::time::Duration;
 use millrace_core::job::{Identity, JobSpec, TerminalStatus};
 use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput};
 use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Resources, Seqno, Time};
-use millrace_core::wire::{EngineStatus, Event, EventKind, ToExecutor, ToMill, PROTOCOL_VERSION};
+use millrace_core::wire::{
+    EndCause, EngineStatus, Event, EventKind, ToExecutor, ToMill, PROTOCOL_VERSION,
+};
 
 /// A mill with `n` connected, reconciled executors, each offering `shell` with many seats,
 /// driven in-process through the public API only. Executors answer at once.
@@ -265,6 +267,7 @@ pub fn success(seqno: Seqno, lease: LeaseId) -> Event {
             exit_code: Some(0),
             error: None,
             log: None,
+            cause: EndCause::Engine,
         },
     }
 }

@@ -490,6 +490,7 @@ mod tests {
                                 path: LogRef::path_for(LeaseId(9)),
                                 hash: format!("sha256:{}", "ab".repeat(32)),
                             }),
+                            cause: crate::wire::EndCause::Engine,
                         },
                     },
                     Event {
@@ -500,6 +501,7 @@ mod tests {
                             exit_code: None,
                             error: None,
                             log: None,
+                            cause: crate::wire::EndCause::Engine,
                         },
                     },
                 ],
@@ -808,11 +810,11 @@ mod tests {
     #[test]
     fn m1_hello_with_another_version_is_unsupported() {
         let mut decoder = FrameDecoder::new();
-        decoder.push(&frame(&hello(2)));
+        decoder.push(&frame(&hello(1)));
         assert_eq!(
             decoder.next_to_mill(),
             Err(CodecError::UnsupportedVersion {
-                got: 2,
+                got: 1,
                 supported: PROTOCOL_VERSION
             })
         );
@@ -827,23 +829,23 @@ mod tests {
 
     #[test]
     fn m1_hello_with_another_version_and_other_fields_is_still_unsupported() {
-        // Tag 0, version 2, then bytes that are no Hello of this version.
-        let body = [0x00, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF];
+        // Tag 0, version 1 (the protocol before terminal causes), then bytes that are no Hello of this version.
+        let body = [0x00, 0x01, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF];
         assert!(decode::<ToMill>(&body).is_err());
         let mut decoder = FrameDecoder::new();
         decoder.push(&raw_frame(&body));
         assert_eq!(
             decoder.next_to_mill(),
             Err(CodecError::UnsupportedVersion {
-                got: 2,
+                got: 1,
                 supported: PROTOCOL_VERSION
             })
         );
         // Just the tag and the version.
         assert_eq!(
-            decode_to_mill(&[0x00, 0x02]),
+            decode_to_mill(&[0x00, 0x01]),
             Err(CodecError::UnsupportedVersion {
-                got: 2,
+                got: 1,
                 supported: PROTOCOL_VERSION
             })
         );
@@ -851,7 +853,7 @@ mod tests {
 
     #[test]
     fn hello_with_this_version_but_garbage_is_malformed() {
-        let body = [0x00, 0x01, 0xFF];
+        let body = [0x00, 0x02, 0xFF];
         assert!(matches!(
             decode_to_mill(&body),
             Err(CodecError::Malformed { .. })

@@ -174,10 +174,13 @@ impl fmt::Display for TerminalStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TerminalCause {
-    /// The executor reported the end (an engine's result, or the executor's own account:
-    /// E9 "executor restarted", E12 "executor lost contact with the mill" — the wire does
-    /// not type those yet, so they arrive as the executor's error text).
+    /// The executor reported the end: the engine's result (or a stop the executor was asked
+    /// for that the mill no longer tracks).
     Reported,
+    /// The executor restarted and the job's process died with it (E9).
+    ExecutorRestarted,
+    /// The executor heard nothing from the mill for its grace and stopped the job (E12).
+    LostContact,
     /// Grace expired without recovery (M5).
     ExecutorLost,
     /// The node came back with a new store; a running lease of its old epoch failed (M5).
@@ -203,6 +206,8 @@ impl TerminalCause {
     pub fn name(self) -> &'static str {
         match self {
             TerminalCause::Reported => "reported",
+            TerminalCause::ExecutorRestarted => "executor_restarted",
+            TerminalCause::LostContact => "lost_contact",
             TerminalCause::ExecutorLost => "executor_lost",
             TerminalCause::ExecutorReplaced => "executor_replaced",
             TerminalCause::NoLongerHasJob => "no_longer_has_job",
@@ -224,6 +229,8 @@ impl TerminalCause {
             | TerminalCause::NoLongerHasJob
             | TerminalCause::Quarantined => true,
             TerminalCause::Reported
+            | TerminalCause::ExecutorRestarted
+            | TerminalCause::LostContact
             | TerminalCause::Cancelled
             | TerminalCause::Timeout
             | TerminalCause::TeardownExceeded

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::job::{JobSpec, LogRef, TerminalStatus};
 use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this build speaks. 2: a terminal event carries its [`EndCause`].
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -77,7 +77,22 @@ pub enum EventKind {
         error: Option<String>,
         /// The log, if one was kept.
         log: Option<LogRef>,
+        /// Who ended it, as data; `error` is the text for people.
+        cause: EndCause,
     },
+}
+
+/// Who ended a job on the executor, as the executor reports it in its terminal event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndCause {
+    /// The engine's own result: the job ran out, failed to start, or exited.
+    Engine,
+    /// A stop the mill asked for (E7); the status is Cancelled.
+    Cancelled,
+    /// The job's process died with the executor (E9): Failed "executor restarted".
+    Restarted,
+    /// Self-fencing stopped it (E12): Failed "executor lost contact with the mill".
+    LostContact,
 }
 
 /// Executor → mill.

@@ -575,6 +575,11 @@ fn e9_a_job_running_when_the_executor_died_ends_failed_executor_restarted() {
     let t = &w.done[&job];
     assert_eq!(t.status, TerminalStatus::Failed);
     assert_eq!(t.error.as_deref(), Some("executor restarted"), "{t:?}");
+    assert_eq!(
+        t.cause,
+        Some(millrace_core::TerminalCause::ExecutorRestarted),
+        "{t:?}"
+    );
 }
 
 #[test]

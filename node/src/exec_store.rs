@@ -1,21 +1,22 @@
-//! The executor's durable state in SQLite: its epoch, outbox and committed jobs, mirroring
-//! `ExecutorWrite` (E1, E5, E9). The epoch is a random u64 made when the store is created.
+//! The executor's durable state in SQLite: its epoch, outbox and committed jobs with the
+//! reason each is being stopped, mirroring `ExecutorWrite` (E1, E5, E7, E9). The epoch is a
+//! random u64 made when the store is created. A store of schema 1 is upgraded in place.
 
 use std::path::Path;
 
-use millrace_core::executor::{ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StoredJob};
-use millrace_core::wire::Event;
-use millrace_core::{Epoch, LeaseId, Seqno};
+use millrace_core::executor::{
+    ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StopReason, StoredJob, LOST_CONTACT, RESTARTED,
+};
+use millrace_core::job::{LogRef, TerminalStatus};
+use millrace_core::wire::{EndCause, Event, EventKind};
+use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
 use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
 
 use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
 
-/// The executor store's schema, by version.
-pub const SCHEMA: Schema = Schema {
-    kind: "executor",
-    file: "executor.db",
-    application_id: 0x4d52_4531,
-    migrations: &[r"
+/// Schema 1: the first schema.
+pub const SCHEMA_V1: &str = r"
         CREATE TABLE meta (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             epoch INTEGER NOT NULL,
@@ -29,8 +30,89 @@ pub const SCHEMA: Schema = Schema {
             lease INTEGER PRIMARY KEY,
             job BLOB NOT NULL
         );
-    "],
+    ";
+
+/// Schema 2: a job keeps why it is being stopped (E7, E12), as JSON, NULL while it runs on;
+/// outbox events record their encoding: 1 is protocol 1's event (no cause), 2 is
+/// protocol 2's (a terminal carries its `EndCause`). Existing rows are format 1.
+pub const SCHEMA_V2: &str = r"
+        ALTER TABLE jobs ADD COLUMN stop TEXT;
+        ALTER TABLE outbox ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
+    ";
+
+/// The executor store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "executor",
+    file: "executor.db",
+    application_id: 0x4d52_4531,
+    migrations: &[SCHEMA_V1, SCHEMA_V2],
 };
+
+/// The outbox encoding this build writes.
+const EVENT_FORMAT: i64 = 2;
+
+/// A job row's blob: the first schema's layout, kept as is (the stop has its own column).
+#[derive(Serialize, Deserialize)]
+struct JobBlob {
+    job: JobId,
+    engine: String,
+    resources: Resources,
+}
+
+/// An outbox event as protocol 1 encoded it (format 1), read only to upgrade a store.
+#[derive(Serialize, Deserialize)]
+struct EventV1 {
+    seqno: Seqno,
+    lease: LeaseId,
+    kind: EventKindV1,
+}
+
+#[derive(Serialize, Deserialize)]
+enum EventKindV1 {
+    Running,
+    Terminal {
+        status: TerminalStatus,
+        exit_code: Option<i32>,
+        error: Option<String>,
+        log: Option<LogRef>,
+    },
+}
+
+impl EventV1 {
+    /// The event as this build sends it. Protocol 1 carried the executor's own verdicts only
+    /// as text, so the cause is read from the exact texts that build wrote (E9, E12); a
+    /// Cancelled status came from a stop asked for (E7); anything else is the engine's.
+    fn upgrade(self) -> Event {
+        let kind = match self.kind {
+            EventKindV1::Running => EventKind::Running,
+            EventKindV1::Terminal {
+                status,
+                exit_code,
+                error,
+                log,
+            } => {
+                let cause = match (status, error.as_deref()) {
+                    (TerminalStatus::Failed, Some(RESTARTED)) => EndCause::Restarted,
+                    (TerminalStatus::Failed, Some(LOST_CONTACT)) => EndCause::LostContact,
+                    (TerminalStatus::Cancelled, _) => EndCause::Cancelled,
+                    _ => EndCause::Engine,
+                };
+                EventKind::Terminal {
+                    status,
+                    exit_code,
+                    error,
+                    log,
+                    cause,
+                }
+            }
+        };
+        Event {
+            seqno: self.seqno,
+            lease: self.lease,
+            kind,
+        }
+    }
+}
 
 /// The executor's store, owned by its driver.
 pub struct ExecStore {
@@ -91,27 +173,59 @@ impl ExecStore {
         snap.next_seqno = Seqno(to_u64(next_seqno));
         let conn = &self.opened.conn;
         let mut stmt = conn
-            .prepare("SELECT seqno, event FROM outbox ORDER BY seqno")
+            .prepare("SELECT seqno, event, format FROM outbox ORDER BY seqno")
             .map_err(self.sq())?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
             .map_err(self.sq())?;
         for row in rows {
-            let (seqno, event) = row.map_err(self.sq())?;
-            let event: Event = postcard::from_bytes(&event)
-                .map_err(|e| self.corrupt(format!("outbox event {seqno}: {e}")))?;
+            let (seqno, event, format) = row.map_err(self.sq())?;
+            let bad = |e: postcard::Error| self.corrupt(format!("outbox event {seqno}: {e}"));
+            let event: Event = match format {
+                1 => postcard::from_bytes::<EventV1>(&event)
+                    .map_err(bad)?
+                    .upgrade(),
+                EVENT_FORMAT => postcard::from_bytes(&event).map_err(bad)?,
+                other => {
+                    return Err(self.corrupt(format!(
+                    "outbox event {seqno}: format {other} (this build reads 1 and {EVENT_FORMAT})"
+                )))
+                }
+            };
             snap.outbox.push_back(event);
         }
         let mut stmt = conn
-            .prepare("SELECT lease, job FROM jobs")
+            .prepare("SELECT lease, job, stop FROM jobs")
             .map_err(self.sq())?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job) = row.map_err(self.sq())?;
-            let job: StoredJob = postcard::from_bytes(&job)
+            let (lease, job, stop) = row.map_err(self.sq())?;
+            let job: JobBlob = postcard::from_bytes(&job)
                 .map_err(|e| self.corrupt(format!("job of lease {lease}: {e}")))?;
+            let stop: Option<StopReason> = stop
+                .map(|s| serde_json::from_str(&s))
+                .transpose()
+                .map_err(|e| self.corrupt(format!("job of lease {lease}: stop: {e}")))?;
+            let job = StoredJob {
+                job: job.job,
+                engine: job.engine,
+                resources: job.resources,
+                stop,
+            };
             snap.jobs.insert(LeaseId(to_u64(lease)), job);
         }
         snap.validate().map_err(|e| self.corrupt(e.to_string()))?;
@@ -129,6 +243,12 @@ impl ExecStore {
             path: path.clone(),
             reason: format!("encode: {e}"),
         };
+        let json = |stop: &StopReason| {
+            serde_json::to_string(stop).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                reason: format!("encode: {e}"),
+            })
+        };
         let tx = self.opened.conn.transaction().map_err(sq)?;
         for batch in batches {
             for write in &batch.writes {
@@ -136,9 +256,12 @@ impl ExecStore {
                     ExecutorWrite::Append(event) => {
                         let blob = postcard::to_allocvec(event).map_err(enc)?;
                         tx.prepare_cached(
-                            "INSERT OR REPLACE INTO outbox (seqno, event) VALUES (?1, ?2)",
+                            "INSERT OR REPLACE INTO outbox (seqno, event, format)
+                             VALUES (?1, ?2, ?3)",
                         )
-                        .and_then(|mut st| st.execute(params![to_i64(event.seqno.get()), blob]))
+                        .and_then(|mut st| {
+                            st.execute(params![to_i64(event.seqno.get()), blob, EVENT_FORMAT])
+                        })
                         .map_err(sq)?;
                         tx.prepare_cached(
                             "UPDATE meta SET next_seqno = max(next_seqno, ?1) WHERE id = 1",
@@ -152,12 +275,24 @@ impl ExecStore {
                             .map_err(sq)?;
                     }
                     ExecutorWrite::JobCommitted { lease, job } => {
-                        let blob = postcard::to_allocvec(job).map_err(enc)?;
+                        let blob = postcard::to_allocvec(&JobBlob {
+                            job: job.job,
+                            engine: job.engine.clone(),
+                            resources: job.resources.clone(),
+                        })
+                        .map_err(enc)?;
+                        let stop = job.stop.as_ref().map(json).transpose()?;
                         tx.prepare_cached(
-                            "INSERT OR REPLACE INTO jobs (lease, job) VALUES (?1, ?2)",
+                            "INSERT OR REPLACE INTO jobs (lease, job, stop) VALUES (?1, ?2, ?3)",
                         )
-                        .and_then(|mut st| st.execute(params![to_i64(lease.get()), blob]))
+                        .and_then(|mut st| st.execute(params![to_i64(lease.get()), blob, stop]))
                         .map_err(sq)?;
+                    }
+                    ExecutorWrite::JobStopping { lease, stop } => {
+                        let stop = json(stop)?;
+                        tx.prepare_cached("UPDATE jobs SET stop = ?2 WHERE lease = ?1")
+                            .and_then(|mut st| st.execute(params![to_i64(lease.get()), stop]))
+                            .map_err(sq)?;
                     }
                     ExecutorWrite::JobEnded { lease } => {
                         tx.prepare_cached("DELETE FROM jobs WHERE lease = ?1")
@@ -214,6 +349,7 @@ mod tests {
                             job: JobId(1),
                             engine: "shell".into(),
                             resources: Resources::new(),
+                            stop: None,
                         },
                     },
                     ExecutorWrite::Append(ev(1, EventKind::Running)),
@@ -228,6 +364,7 @@ mod tests {
                             exit_code: Some(0),
                             error: None,
                             log: None,
+                            cause: EndCause::Engine,
                         },
                     )),
                     ExecutorWrite::JobEnded { lease: LeaseId(9) },
@@ -242,5 +379,102 @@ mod tests {
         store.close().unwrap();
         let (_store, loaded) = ExecStore::open(dir.path()).unwrap();
         assert_eq!(loaded, reference);
+    }
+
+    /// A store written by the first schema (protocol 1 events, no stop column) opens,
+    /// upgrades in place, and reads as this build would have written it (E5, E9).
+    #[test]
+    fn e9_a_schema_1_store_opens_and_upgrades() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = Schema {
+            migrations: &[SCHEMA_V1],
+            ..SCHEMA
+        };
+        let old = |seqno: u64, error: Option<&str>| EventV1 {
+            seqno: Seqno(seqno),
+            lease: LeaseId(seqno),
+            kind: EventKindV1::Terminal {
+                status: TerminalStatus::Failed,
+                exit_code: None,
+                error: error.map(str::to_string),
+                log: None,
+            },
+        };
+        {
+            let opened = sqlite::open(dir.path(), &v1).unwrap();
+            let c = &opened.conn;
+            c.execute(
+                "INSERT INTO meta (id, epoch, next_seqno) VALUES (1, ?1, 4)",
+                params![to_i64(77)],
+            )
+            .unwrap();
+            for (seqno, error) in [(1, Some(RESTARTED)), (2, Some(LOST_CONTACT)), (3, None)] {
+                let blob = postcard::to_allocvec(&old(seqno, error)).unwrap();
+                c.execute(
+                    "INSERT INTO outbox (seqno, event) VALUES (?1, ?2)",
+                    params![to_i64(seqno), blob],
+                )
+                .unwrap();
+            }
+            let job = postcard::to_allocvec(&JobBlob {
+                job: JobId(5),
+                engine: "shell".into(),
+                resources: Resources::new(),
+            })
+            .unwrap();
+            c.execute("INSERT INTO jobs (lease, job) VALUES (9, ?1)", params![job])
+                .unwrap();
+            let version: i64 = c
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(version, 1);
+            opened.close().unwrap();
+        }
+        let (mut store, loaded) = ExecStore::open(dir.path()).unwrap();
+        let version: i64 = store
+            .opened
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2, "upgraded in place");
+        assert_eq!(loaded.epoch, Epoch(77));
+        let causes: Vec<EndCause> = loaded
+            .outbox
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::Terminal { cause, .. } => *cause,
+                EventKind::Running => panic!("{e:?}"),
+            })
+            .collect();
+        assert_eq!(
+            causes,
+            [EndCause::Restarted, EndCause::LostContact, EndCause::Engine]
+        );
+        let job = &loaded.jobs[&LeaseId(9)];
+        assert_eq!((job.job, job.stop.clone()), (JobId(5), None));
+        // New writes land beside the old rows and read back in order.
+        let mut reference = loaded.clone();
+        let batch = ExecutorBatch {
+            writes: vec![
+                ExecutorWrite::JobStopping {
+                    lease: LeaseId(9),
+                    stop: StopReason::Cancel("by alice".into()),
+                },
+                ExecutorWrite::Append(Event {
+                    seqno: Seqno(4),
+                    lease: LeaseId(9),
+                    kind: EventKind::Running,
+                }),
+            ],
+        };
+        reference.apply(&batch);
+        store.apply(std::slice::from_ref(&batch)).unwrap();
+        store.close().unwrap();
+        let (_store, again) = ExecStore::open(dir.path()).unwrap();
+        assert_eq!(again, reference);
+        assert_eq!(
+            again.jobs[&LeaseId(9)].stop,
+            Some(StopReason::Cancel("by alice".into()))
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use millrace_core::codec::{encode, FrameDecoder};
 use millrace_core::job::TerminalStatus;
 use millrace_core::wire::{
-    EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill, PROTOCOL_VERSION,
+    EndCause, EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill, PROTOCOL_VERSION,
 };
 use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -128,6 +128,7 @@ pub async fn fake_executor(
                                         exit_code: Some(0),
                                         error: None,
                                         log: None,
+                                        cause: EndCause::Engine,
                                     },
                                 };
                                 next_seqno = done.seqno.next();

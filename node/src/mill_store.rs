@@ -8,19 +8,17 @@
 use std::path::{Path, PathBuf};
 
 use millrace_core::job::{Identity, JobSpec, JobState};
-use millrace_core::mill::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+use millrace_core::mill::{
+    CancelRecord, JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+};
 use millrace_core::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use crate::sqlite::{self, to_i64, to_u64, Opened, Schema, StoreError};
 
-/// The mill store's schema, by version.
-pub const SCHEMA: Schema = Schema {
-    kind: "mill",
-    file: "mill.db",
-    application_id: 0x4d52_4d31,
-    migrations: &[r"
+/// Schema 1: the first schema.
+pub const SCHEMA_V1: &str = r"
         CREATE TABLE counters (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             next_job INTEGER NOT NULL,
@@ -67,7 +65,20 @@ pub const SCHEMA: Schema = Schema {
         CREATE TABLE quarantine (
             node TEXT PRIMARY KEY
         );
-    "],
+    ";
+
+/// Schema 2: a lease keeps the cancel the mill accepted for it (M26, M29), as JSON; NULL
+/// when none. Existing leases have none.
+pub const SCHEMA_V2: &str = r"
+        ALTER TABLE leases ADD COLUMN cancel TEXT;
+    ";
+
+/// The mill store's schema, by version.
+pub const SCHEMA: Schema = Schema {
+    kind: "mill",
+    file: "mill.db",
+    application_id: 0x4d52_4d31,
+    migrations: &[SCHEMA_V1, SCHEMA_V2],
 };
 
 /// The mill's store, owned by the mill driver.
@@ -150,7 +161,7 @@ impl MillStore {
             );
         }
         let mut stmt = conn
-            .prepare("SELECT lease, job, node, epoch, state, resources FROM leases")
+            .prepare("SELECT lease, job, node, epoch, state, resources, cancel FROM leases")
             .map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
@@ -161,11 +172,12 @@ impl MillStore {
                     r.get::<_, i64>(3)?,
                     r.get::<_, String>(4)?,
                     r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
                 ))
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job, node, epoch, state, resources) = row.map_err(self.sq())?;
+            let (lease, job, node, epoch, state, resources, cancel) = row.map_err(self.sq())?;
             let node =
                 NodeId::new(node).map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
             let state = match state.as_str() {
@@ -175,6 +187,10 @@ impl MillStore {
             };
             let resources: Resources = serde_json::from_str(&resources)
                 .map_err(|e| self.corrupt(format!("lease {lease}: resources: {e}")))?;
+            let cancel: Option<CancelRecord> = cancel
+                .map(|c| serde_json::from_str(&c))
+                .transpose()
+                .map_err(|e| self.corrupt(format!("lease {lease}: cancel: {e}")))?;
             let lease = LeaseId(to_u64(lease));
             snap.leases.insert(
                 lease,
@@ -185,6 +201,7 @@ impl MillStore {
                     epoch: Epoch(to_u64(epoch)),
                     resources,
                     state,
+                    cancel,
                 },
             );
         }
@@ -353,11 +370,13 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                 LeaseState::Running => "running",
             };
             let resources = json(&record.resources)?;
+            let cancel = record.cancel.as_ref().map(json).transpose()?;
             tx.prepare_cached(
-                "INSERT INTO leases (lease, job, node, epoch, state, resources)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO leases (lease, job, node, epoch, state, resources, cancel)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (lease) DO UPDATE SET job = excluded.job, node = excluded.node,
-                   epoch = excluded.epoch, state = excluded.state, resources = excluded.resources",
+                   epoch = excluded.epoch, state = excluded.state, resources = excluded.resources,
+                   cancel = excluded.cancel",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -366,9 +385,15 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     record.node.as_str(),
                     to_i64(record.epoch.get()),
                     state,
-                    resources
+                    resources,
+                    cancel
                 ])
             })?;
+        }
+        MillWrite::LeaseCancel { lease, cancel } => {
+            let cancel = json(cancel)?;
+            tx.prepare_cached("UPDATE leases SET cancel = ?2 WHERE lease = ?1")
+                .and_then(|mut st| st.execute(params![to_i64(lease.get()), cancel]))?;
         }
         MillWrite::LeaseDelete { lease } => {
             tx.prepare_cached("DELETE FROM leases WHERE lease = ?1")
@@ -624,6 +649,7 @@ mod tests {
                         epoch: Epoch(u64::MAX - 3),
                         resources: Resources::from([("jobs".to_string(), 1)]),
                         state: LeaseState::Running,
+                        cancel: None,
                     }),
                     MillWrite::JobState {
                         job: JobId(1),
@@ -639,6 +665,14 @@ mod tests {
                             millrace_core::TerminalCause::Cancelled,
                             "x",
                         )),
+                    },
+                    MillWrite::LeaseCancel {
+                        lease: LeaseId(7),
+                        cancel: CancelRecord {
+                            reason: "job timeout exceeded".into(),
+                            status: TerminalStatus::Timeout,
+                            cause: millrace_core::TerminalCause::Timeout,
+                        },
                     },
                     MillWrite::Cursor {
                         node: node.clone(),
@@ -677,5 +711,80 @@ mod tests {
         assert_eq!(reader.jobs(Some("running"), 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(Some("done"), 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(None, 10).unwrap().len(), 2);
+    }
+
+    /// A store written by the first schema (leases without a cancel column) opens, upgrades
+    /// in place, and then keeps a lease's cancel across a reopen (M26, M29).
+    #[test]
+    fn m29_a_schema_1_store_opens_upgrades_and_keeps_cancels() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = Schema {
+            migrations: &[SCHEMA_V1],
+            ..SCHEMA
+        };
+        let node = NodeId::new("n1").unwrap();
+        let running = JobState::Running {
+            lease: LeaseId(7),
+            node: node.clone(),
+        };
+        {
+            let opened = sqlite::open(dir.path(), &v1).unwrap();
+            let c = &opened.conn;
+            c.execute_batch(
+                "INSERT INTO counters (id, next_job, lease_floor) VALUES (1, 2, 1025);",
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
+                 VALUES (1, ?1, 5, 'running', ?2, 0, 5)",
+                params![
+                    postcard::to_allocvec(&spec()).unwrap(),
+                    serde_json::to_string(&running).unwrap()
+                ],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO leases (lease, job, node, epoch, state, resources)
+                 VALUES (7, 1, 'n1', 3, 'running', '{}')",
+                [],
+            )
+            .unwrap();
+            opened.close().unwrap();
+        }
+        let mut store = MillStore::open(dir.path()).unwrap();
+        let version: i64 = store
+            .opened
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2, "upgraded in place");
+        let mut reference = store.load().unwrap().unwrap();
+        let lease = &reference.leases[&LeaseId(7)];
+        assert_eq!(lease.cancel, None, "an old lease has no cancel");
+        assert_eq!(lease.state, LeaseState::Running);
+        assert_eq!(reference.jobs[&JobId(1)].state, running);
+        let batch = MillBatch {
+            writes: vec![MillWrite::LeaseCancel {
+                lease: LeaseId(7),
+                cancel: CancelRecord {
+                    reason: "stop it".into(),
+                    status: TerminalStatus::Cancelled,
+                    cause: millrace_core::TerminalCause::Cancelled,
+                },
+            }],
+        };
+        reference.apply(&batch);
+        store.apply(std::slice::from_ref(&batch), 9).unwrap();
+        store.close().unwrap();
+        let store = MillStore::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap().unwrap();
+        assert_eq!(loaded, reference);
+        assert_eq!(
+            loaded.leases[&LeaseId(7)]
+                .cancel
+                .as_ref()
+                .map(|c| c.reason.as_str()),
+            Some("stop it")
+        );
     }
 }

@@ -310,6 +310,10 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     let vb = mill.api.wait_done(b);
     assert_eq!(vb["state"], "failed", "{vb}");
     assert_eq!(vb["error"], "executor restarted", "{vb}");
+    assert_eq!(
+        vb["cause"], "executor_restarted",
+        "typed on the wire (E9): {vb}"
+    );
     wait_for("job b's process to be killed", || {
         (!pid_alive(b_pid)).then_some(())
     });

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use millrace_core::job::{LogRef, TerminalStatus};
-use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill};
+use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, LeaseId, Resources, Seqno};
 
 use crate::rng::Rng;
@@ -337,6 +337,7 @@ impl Byzantine {
                             exit_code: Some(0),
                             error: None,
                             log: Some(bad_log(lease)),
+                            cause: EndCause::Engine,
                         },
                     }],
                 }

@@ -17,7 +17,7 @@ use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
 use millrace_core::job::{JobSpec, JobState, Terminal, TerminalCause, TerminalStatus};
 use millrace_core::mill::{MillBatch, MillWrite};
 use millrace_core::quota::Scope;
-use millrace_core::wire::{Event, EventKind, ToExecutor, ToMill};
+use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
 
 use crate::scenario::{Micros, SEC};
@@ -50,8 +50,8 @@ pub struct EventSummary {
     pub seqno: Seqno,
     /// Its lease.
     pub lease: LeaseId,
-    /// Status and exit code, for a terminal.
-    pub terminal: Option<(TerminalStatus, Option<i32>)>,
+    /// Status, exit code and who ended the job, for a terminal.
+    pub terminal: Option<(TerminalStatus, Option<i32>, EndCause)>,
 }
 
 impl EventSummary {
@@ -63,8 +63,11 @@ impl EventSummary {
             terminal: match &e.kind {
                 EventKind::Running => None,
                 EventKind::Terminal {
-                    status, exit_code, ..
-                } => Some((*status, *exit_code)),
+                    status,
+                    exit_code,
+                    cause,
+                    ..
+                } => Some((*status, *exit_code, *cause)),
             },
         }
     }
@@ -131,6 +134,32 @@ struct ResultRec {
     seqno: Seqno,
     status: TerminalStatus,
     exit_code: Option<i32>,
+    cause: EndCause,
+}
+
+/// I3: the terminal the mill records for a result the executor reported keeps its status
+/// and exit code, but for the mill's own cancel: a Cancelled stop is recorded Timeout when
+/// M18 asked for it, and an executor's own verdict (E9 restart, E12 fencing) on a job the
+/// mill was cancelling is recorded as that cancel (M26, like M5's grace expiry).
+fn recorded_as_reported(
+    status: TerminalStatus,
+    exit_code: Option<i32>,
+    cause: EndCause,
+    t: &Terminal,
+) -> bool {
+    let cancelled = matches!(
+        t.status,
+        TerminalStatus::Cancelled | TerminalStatus::Timeout
+    );
+    let same = status == t.status
+        || (status == TerminalStatus::Cancelled && t.status == TerminalStatus::Timeout)
+        || (matches!(cause, EndCause::Restarted | EndCause::LostContact)
+            && cancelled
+            && matches!(
+                t.cause,
+                Some(TerminalCause::Cancelled | TerminalCause::Timeout)
+            ));
+    same && exit_code == t.exit_code
 }
 
 /// A cancel the mill accepted (I11).
@@ -450,6 +479,7 @@ impl Checker {
                     }
                 }
                 MillWrite::Counters { .. }
+                | MillWrite::LeaseCancel { .. }
                 | MillWrite::QuotaRelease { .. }
                 | MillWrite::QuotaHold { .. } => {}
             }
@@ -497,11 +527,8 @@ impl Checker {
                     .iter()
                     .find(|e| e.lease == lease)
                     .and_then(|e| e.terminal);
-                if let Some((status, exit_code)) = reported {
-                    let same = status == t.status
-                        || (status == TerminalStatus::Cancelled
-                            && t.status == TerminalStatus::Timeout);
-                    if !same || exit_code != t.exit_code {
+                if let Some((status, exit_code, cause)) = reported {
+                    if !recorded_as_reported(status, exit_code, cause, t) {
                         return fail(
                             "I3",
                             format!(
@@ -514,8 +541,8 @@ impl Checker {
             }
         }
         let error = t.error.as_deref().unwrap_or("");
-        // The mill's own verdicts (M5, M8), by cause, never by text; the executor's
-        // self-fencing terminal (E12) is `Reported`, an engine-side result.
+        // The mill's own verdicts (M5, M8), by cause, never by text; the executor's own
+        // verdicts (E9 `ExecutorRestarted`, E12 `LostContact`) are results it reported.
         let lost = matches!(
             t.cause,
             Some(
@@ -607,9 +634,7 @@ impl Checker {
         if r.seqno > applied {
             return Ok(());
         }
-        let same = r.status == t.status
-            || (r.status == TerminalStatus::Cancelled && t.status == TerminalStatus::Timeout);
-        if !same || r.exit_code != t.exit_code {
+        if !recorded_as_reported(r.status, r.exit_code, r.cause, t) {
             return fail(
                 "I3",
                 format!(
@@ -631,11 +656,10 @@ impl Checker {
     /// own M18 cancel was first), unless the executor persisted its own terminal for the
     /// lease before the `CancelAttempt` reached it (the engine's result raced the cancel).
     ///
-    /// Two cases are left out, because the design keeps the cancel only in memory (found
-    /// by this check; see MUTATIONS.md's notes): a mill that crashed after accepting the
-    /// cancel forgets it (M26's pending cancel is not among M29's durable state), and an
-    /// executor that crashed after receiving it forgets why it was stopping the job, so E9
-    /// ends it Failed "executor restarted".
+    /// Held in full, across mill restarts (the accepted cancel is durable, M29) and executor
+    /// restarts (the stop is durable before the ack, E7). An executor's own verdict, E9's
+    /// restart or E12's self-fencing (known by cause, never by text), is never excused: it
+    /// is no engine result, so the mill, which holds the cancel, records the cancel (M26).
     fn i11_terminal(
         &self,
         w: &World,
@@ -649,10 +673,29 @@ impl Checker {
         if matches!(
             t.status,
             TerminalStatus::Cancelled | TerminalStatus::Timeout
-        ) || c.mill_inc != w.mill_inc
-            || t.error.as_deref() == Some("executor restarted")
-        {
+        ) {
             return Ok(());
+        }
+        if let Some(kind @ (TerminalCause::ExecutorRestarted | TerminalCause::LostContact)) =
+            t.cause
+        {
+            let rule = if kind == TerminalCause::ExecutorRestarted {
+                "E9"
+            } else {
+                "E12"
+            };
+            return fail(
+                "I11",
+                format!(
+                    "{job}: cancel accepted at {} (mill incarnation {}, now {}), yet the mill recorded the executor's own verdict ({kind}, {rule}) {} under {:?} on {:?}: the cancel it held should have decided the terminal (M26)",
+                    secs(c.at),
+                    c.mill_inc,
+                    w.mill_inc,
+                    t.status,
+                    t.lease,
+                    t.node
+                ),
+            );
         }
         let own = match (exec, t.lease) {
             (Some(exec), Some(lease)) => self
@@ -670,8 +713,9 @@ impl Checker {
                     return fail(
                         "I11",
                         format!(
-                            "{job}: cancel accepted at {}, reached x{exec} at {}, yet {lease} ended {} by x{exec}'s terminal of {} (E7: a stop asked for decides the status)",
+                            "{job}: cancel accepted at {} (mill incarnation {}), reached x{exec} at {}, yet {lease} ended {} by x{exec}'s terminal of {} (E7: a stop asked for decides the status)",
                             secs(c.at),
+                            c.mill_inc,
                             secs(seen),
                             t.status,
                             secs(at)
@@ -683,9 +727,10 @@ impl Checker {
         fail(
             "I11",
             format!(
-                "{job}: cancel accepted at {} (mill incarnation {}), yet the mill recorded {} {:?} under {:?} on {:?} with no executor terminal before the cancel",
+                "{job}: cancel accepted at {} (mill incarnation {}, now {}), yet the mill recorded {} {:?} under {:?} on {:?} with no executor terminal before the cancel",
                 secs(c.at),
                 c.mill_inc,
+                w.mill_inc,
                 t.status,
                 t.error.as_deref().unwrap_or(""),
                 t.lease,
@@ -974,6 +1019,21 @@ impl Checker {
             ToExecutor::CancelAttempt { lease, .. } => {
                 self.let_go.insert(*lease);
                 self.cancel_sent.insert(*lease, conn);
+                // A cancel of a lease the mill still holds durably (a running lease: a
+                // reserved one is deleted before its cancel) is durable first (M26, M29).
+                let undurable = w
+                    .mill_store
+                    .leases
+                    .get(lease)
+                    .is_some_and(|l| l.node == p.node && l.cancel.is_none());
+                if undurable {
+                    return fail(
+                        "persist-before-send",
+                        format!(
+                            "CancelAttempt {lease} to x{exec} before the cancel was durable (M26, M29)"
+                        ),
+                    );
+                }
             }
             ToExecutor::CommitLease { lease, .. } => {
                 let stored = w
@@ -1060,7 +1120,10 @@ impl Checker {
                     }
                     h.push(e.clone());
                     if let EventKind::Terminal {
-                        status, exit_code, ..
+                        status,
+                        exit_code,
+                        cause,
+                        ..
                     } = &e.kind
                     {
                         self.results.insert(
@@ -1070,6 +1133,7 @@ impl Checker {
                                 seqno: e.seqno,
                                 status: *status,
                                 exit_code: *exit_code,
+                                cause: *cause,
                             },
                         );
                     }
@@ -1077,7 +1141,9 @@ impl Checker {
                 ExecutorWrite::JobCommitted { lease, .. } => {
                     self.committed.insert((exec, epoch, *lease));
                 }
-                ExecutorWrite::Trim { .. } | ExecutorWrite::JobEnded { .. } => {}
+                ExecutorWrite::Trim { .. }
+                | ExecutorWrite::JobStopping { .. }
+                | ExecutorWrite::JobEnded { .. } => {}
             }
         }
         Ok(())
@@ -1152,6 +1218,16 @@ impl Checker {
                 }
             }
             ToMill::ReserveResult { accepted: true, .. } => self.seats_within_capacity(w, exec)?,
+            // E7: the stop of a running job is durable before its ack goes out, so a
+            // restart still ends the job Cancelled (E9).
+            ToMill::CancelAck { lease }
+                if p.store.jobs.get(lease).is_some_and(|j| j.stop.is_none()) =>
+            {
+                return fail(
+                    "persist-before-send",
+                    format!("x{exec} acked the cancel of {lease} before its stop was durable (E7)"),
+                );
+            }
             _ => {}
         }
         Ok(())
@@ -1447,8 +1523,8 @@ impl Checker {
     }
 
     /// I11 with M26's "a cancel for a disconnected node is sent when its session becomes
-    /// ready": once the mill has reconciled the job's node on a connection (same mill
-    /// incarnation, same epoch as the lease), a `CancelAttempt` for the lease has gone out
+    /// ready": once the mill has reconciled the job's node on a connection (same epoch as
+    /// the lease; a restored mill too, M29), a `CancelAttempt` for the lease has gone out
     /// on that connection — unless the lease has ended, or the executor already received
     /// the cancel on an earlier connection (it is stopping the job; E7).
     fn i11_cancel_sent(&mut self, w: &World) -> Result<(), Violation> {
@@ -1459,10 +1535,9 @@ impl Checker {
             let Some((exec, lease)) = c.target else {
                 continue;
             };
-            if c.mill_inc != w.mill_inc
-                || self.terminals.contains_key(job)
-                || self.cancel_seen.contains_key(&(exec, lease))
-            {
+            // Across a mill restart too: the cancel is durable and the restored mill sends it
+            // again at reconcile (M29).
+            if self.terminals.contains_key(job) || self.cancel_seen.contains_key(&(exec, lease)) {
                 continue;
             }
             let p = &w.execs[exec];

@@ -9,10 +9,10 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-use millrace_core::executor::{ExecutorInput, ExecutorOutput, ExecutorWrite};
+use millrace_core::executor::{ExecutorInput, ExecutorOutput, ExecutorWrite, StopReason};
 use millrace_core::job::{JobSpec, JobState, Terminal};
 use millrace_core::mill::{MillInput, MillOutput, MillWrite, Observation};
-use millrace_core::wire::{EventKind, ToExecutor, ToMill};
+use millrace_core::wire::{EndCause, EventKind, ToExecutor, ToMill};
 use millrace_core::JobId;
 use sha2::{Digest, Sha256};
 
@@ -154,8 +154,12 @@ fn event_kind(s: &mut String, k: &EventKind) {
             exit_code,
             error,
             log,
+            cause,
         } => {
             let _ = write!(s, "{status}");
+            if *cause != EndCause::Engine {
+                let _ = write!(s, "/{cause:?}");
+            }
             if let Some(c) = exit_code {
                 let _ = write!(s, "/{c}");
             }
@@ -327,6 +331,9 @@ fn mill_write(s: &mut String, w: &MillWrite) {
         MillWrite::LeaseUpsert(r) => {
             let _ = write!(s, "lease({} {} {} {:?})", r.lease, r.job, r.node, r.state);
         }
+        MillWrite::LeaseCancel { lease, cancel } => {
+            let _ = write!(s, "cancel({lease} {})", cancel.status);
+        }
         MillWrite::LeaseDelete { lease } => {
             let _ = write!(s, "delete({lease})");
         }
@@ -460,6 +467,13 @@ pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
                     }
                     ExecutorWrite::JobCommitted { lease, job } => {
                         let _ = write!(s, "committed({lease} {}) ", job.job);
+                    }
+                    ExecutorWrite::JobStopping { lease, stop } => {
+                        let why = match stop {
+                            StopReason::Cancel(_) => "cancel",
+                            StopReason::Fence => "fence",
+                        };
+                        let _ = write!(s, "stopping({lease} {why}) ");
                     }
                     ExecutorWrite::JobEnded { lease } => {
                         let _ = write!(s, "ended({lease}) ");

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use crate::job::{JobSpec, LogRef, TerminalStatus};
 use crate::types::{ConnId, JobId, LeaseId, Resources, Time};
-use crate::wire::{EventKind, RejectKind, ToMill};
+use crate::wire::{EndCause, EventKind, RejectKind, ToMill};
 
 use super::outbox::bounded_error;
 use super::seats::{admit, Refusal, Reservation, RunningJob, StopReason};
-use super::{Executor, ExecutorOutput, ExecutorWrite, StoredJob, LOST_CONTACT};
+use super::{Executor, ExecutorOutput, ExecutorWrite, StoredJob};
 
 fn accepted(lease: LeaseId, resources: Resources) -> ToMill {
     ToMill::ReserveResult {
@@ -97,6 +97,7 @@ impl Executor {
                 job,
                 engine: spec.engine.clone(),
                 resources: charged.clone(),
+                stop: None,
             };
             self.persist(vec![ExecutorWrite::JobCommitted { lease, job: stored }]);
             let running = RunningJob {
@@ -126,30 +127,36 @@ impl Executor {
     }
 
     /// E7: ack at once; drop a reservation; stop a running job, whose terminal will be
-    /// Cancelled when the engine reports it stopped.
+    /// Cancelled when the engine reports it stopped. The stop is durable before the ack goes
+    /// out, so an executor restarted after the ack still ends the job Cancelled (E9).
     pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
         self.take_reservation(lease);
         let stop = match self.seats.running.get_mut(&lease) {
             Some(job) => match job.stop {
                 None => {
-                    job.stop = Some(StopReason::Cancel(bounded_error(reason)));
-                    true
+                    let stop = StopReason::Cancel(bounded_error(reason));
+                    job.stop = Some(stop.clone());
+                    Some((stop, true))
                 }
                 // E7/I11: a cancel that reaches a job already being fenced (E12: its stop
                 // was asked for while cut off, and the engine has not exited yet) decides
                 // its status: the user asked for this stop, and the run is ending anyway.
                 // The engine is already stopping, so no second StopJob.
                 Some(StopReason::Fence) => {
-                    job.stop = Some(StopReason::Cancel(bounded_error(reason)));
-                    false
+                    let stop = StopReason::Cancel(bounded_error(reason));
+                    job.stop = Some(stop.clone());
+                    Some((stop, false))
                 }
-                Some(StopReason::Cancel(_)) => false,
+                Some(StopReason::Cancel(_)) => None,
             },
-            None => false,
+            None => None,
         };
-        if stop {
-            let grace = self.config.stop_grace;
-            self.emit(ExecutorOutput::StopJob { lease, grace });
+        if let Some((stop, ask_engine)) = stop {
+            self.persist(vec![ExecutorWrite::JobStopping { lease, stop }]);
+            if ask_engine {
+                let grace = self.config.stop_grace;
+                self.emit(ExecutorOutput::StopJob { lease, grace });
+            }
         }
         self.send(conn, ToMill::CancelAck { lease });
     }
@@ -178,10 +185,9 @@ impl Executor {
         let Some(job) = self.seats.running.remove(&lease) else {
             return;
         };
-        let (status, error) = match job.stop {
-            Some(StopReason::Cancel(reason)) => (TerminalStatus::Cancelled, Some(reason)),
-            Some(StopReason::Fence) => (TerminalStatus::Failed, Some(LOST_CONTACT.to_string())),
-            None => (status, error.map(bounded_error)),
+        let (status, error, cause) = match job.stop {
+            Some(stop) => stop.terminal(),
+            None => (status, error.map(bounded_error), EndCause::Engine),
         };
         // A log reference the mill would call a violation (M25) is left out.
         let log = log.filter(|l| l.is_valid_for(lease));
@@ -190,6 +196,7 @@ impl Executor {
             exit_code,
             error,
             log,
+            cause,
         };
         let append = self.next_event(0, lease, kind);
         self.persist(vec![append, ExecutorWrite::JobEnded { lease }]);
@@ -264,6 +271,15 @@ impl Executor {
                 stopping.push(*lease);
             }
         }
+        // Durable like a cancel's stop: a restart mid-stop still reports E12, not E9.
+        let writes = stopping
+            .iter()
+            .map(|&lease| ExecutorWrite::JobStopping {
+                lease,
+                stop: StopReason::Fence,
+            })
+            .collect();
+        self.persist(writes);
         let reserved: Vec<LeaseId> = self.seats.reserved.keys().copied().collect();
         for lease in reserved {
             self.take_reservation(lease);

@@ -40,7 +40,9 @@ pub use config::{
     DEFAULT_RECONNECT_GRACE, DEFAULT_SILENCE_TIMEOUT, DEFAULT_SNAPSHOT_INTERVAL,
     DEFAULT_STOP_GRACE, MAX_LIVE_LOG_CHUNK, SEAT_LOAD, SEAT_RESOURCE,
 };
-pub use store::{ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StoreError, StoredJob};
+pub use store::{
+    ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StopReason, StoreError, StoredJob,
+};
 
 use backoff::Backoff;
 use seats::Seats;

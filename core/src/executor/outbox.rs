@@ -6,10 +6,10 @@
 
 use crate::job::TerminalStatus;
 use crate::types::{bounded_reason, LeaseId, Seqno};
-use crate::wire::{Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
+use crate::wire::{EndCause, Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
 
 use super::session::Link;
-use super::{Executor, ExecutorWrite, RESTARTED};
+use super::{Executor, ExecutorWrite, StopReason, RESTARTED};
 
 /// A conservative budget for one batch's encoded size, far below the 1 MiB frame limit.
 const MAX_BATCH_BYTES: usize = 256 * 1024;
@@ -40,16 +40,32 @@ impl Executor {
         self.durable.outbox.iter().any(|e| e.lease == lease)
     }
 
-    /// E9: the jobs the store still holds died with the previous process.
+    /// E9: the jobs the store still holds died with the previous process. A job whose stop
+    /// was already asked for ends as that stop says (a cancel: Cancelled, E7; self-fencing:
+    /// lost contact, E12); any other ends Failed "executor restarted".
     pub(super) fn fail_jobs_of_previous_process(&mut self) {
-        let leases: Vec<LeaseId> = self.durable.jobs.keys().copied().collect();
-        let mut writes = Vec::with_capacity(leases.len() * 2);
-        for (offset, lease) in (0u64..).zip(leases) {
+        let jobs: Vec<(LeaseId, Option<StopReason>)> = self
+            .durable
+            .jobs
+            .iter()
+            .map(|(lease, job)| (*lease, job.stop.clone()))
+            .collect();
+        let mut writes = Vec::with_capacity(jobs.len() * 2);
+        for (offset, (lease, stop)) in (0u64..).zip(jobs) {
+            let (status, error, cause) = match stop {
+                Some(stop) => stop.terminal(),
+                None => (
+                    TerminalStatus::Failed,
+                    Some(RESTARTED.to_string()),
+                    EndCause::Restarted,
+                ),
+            };
             let kind = EventKind::Terminal {
-                status: TerminalStatus::Failed,
+                status,
                 exit_code: None,
-                error: Some(RESTARTED.to_string()),
+                error,
                 log: None,
+                cause,
             };
             writes.push(self.next_event(offset, lease, kind));
             writes.push(ExecutorWrite::JobEnded { lease });

@@ -17,14 +17,7 @@ pub(super) struct Reservation {
     pub(super) expires: Time,
 }
 
-/// Why a running job is being stopped; decides its terminal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum StopReason {
-    /// The mill cancelled it (E7): terminal Cancelled with this reason.
-    Cancel(String),
-    /// Self-fencing (E12): terminal Failed "executor lost contact with the mill".
-    Fence,
-}
+pub(super) use super::store::StopReason;
 
 /// A committed job: started (or being started) by the engine.
 #[derive(Debug, Clone)]

@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::job::TerminalStatus;
 use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
-use crate::wire::Event;
+use crate::wire::{EndCause, Event};
 
 /// A committed job, as much as a restart needs to report its end (E9).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +22,18 @@ pub struct StoredJob {
     pub engine: String,
     /// What its seat charges.
     pub resources: Resources,
+    /// Why it is being stopped, once a stop was asked for: durable before the cancel's ack
+    /// goes out, so a restart ends the job as the stop said (E7, E9, E12).
+    pub stop: Option<StopReason>,
+}
+
+/// Why a running job is being stopped; decides its terminal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    /// The mill cancelled it (E7): terminal Cancelled with this reason.
+    Cancel(String),
+    /// Self-fencing (E12): terminal Failed "executor lost contact with the mill".
+    Fence,
 }
 
 /// The executor's durable store, as loaded at start.
@@ -34,6 +47,22 @@ pub struct ExecutorSnapshot {
     pub outbox: VecDeque<Event>,
     /// Jobs committed and not yet ended, by lease.
     pub jobs: BTreeMap<LeaseId, StoredJob>,
+}
+
+impl StopReason {
+    /// The terminal a job stopped for this reason gets: status, error text and cause.
+    pub fn terminal(self) -> (TerminalStatus, Option<String>, EndCause) {
+        match self {
+            StopReason::Cancel(reason) => {
+                (TerminalStatus::Cancelled, Some(reason), EndCause::Cancelled)
+            }
+            StopReason::Fence => (
+                TerminalStatus::Failed,
+                Some(super::LOST_CONTACT.to_string()),
+                EndCause::LostContact,
+            ),
+        }
+    }
 }
 
 /// One durable change.
@@ -52,6 +81,13 @@ pub enum ExecutorWrite {
         lease: LeaseId,
         /// The job.
         job: StoredJob,
+    },
+    /// The job under `lease` is being stopped, and why (E7, E12).
+    JobStopping {
+        /// The lease.
+        lease: LeaseId,
+        /// Why.
+        stop: StopReason,
     },
     /// The job under `lease` ended (its terminal is appended in the same batch).
     JobEnded {
@@ -111,6 +147,11 @@ impl ExecutorSnapshot {
                 }
                 ExecutorWrite::JobCommitted { lease, job } => {
                     self.jobs.insert(*lease, job.clone());
+                }
+                ExecutorWrite::JobStopping { lease, stop } => {
+                    if let Some(job) = self.jobs.get_mut(lease) {
+                        job.stop = Some(stop.clone());
+                    }
                 }
                 ExecutorWrite::JobEnded { lease } => {
                     self.jobs.remove(lease);

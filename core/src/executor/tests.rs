@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::*;
 use crate::job::{Identity, JobSpec, LogRef, TerminalStatus};
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
-use crate::wire::{Event, EventKind, RejectKind, ToExecutor, ToMill};
+use crate::wire::{EndCause, Event, EventKind, RejectKind, ToExecutor, ToMill};
 
 const EPOCH: Epoch = Epoch(7);
 const L1: LeaseId = LeaseId(1);
@@ -164,11 +164,16 @@ fn reserve_result(outs: &[ExecutorOutput]) -> (bool, Option<RejectKind>, String,
 }
 
 fn terminal(status: TerminalStatus, error: Option<&str>) -> EventKind {
+    terminal_by(status, error, EndCause::Engine)
+}
+
+fn terminal_by(status: TerminalStatus, error: Option<&str>, cause: EndCause) -> EventKind {
     EventKind::Terminal {
         status,
         exit_code: None,
         error: error.map(str::to_string),
         log: None,
+        cause,
     }
 }
 
@@ -523,6 +528,7 @@ fn e4_commit_starts_the_job_once() {
                     ("cpu_millis".to_string(), 1000),
                     ("jobs".to_string(), 1)
                 ]),
+                stop: None,
             },
         }]
     );
@@ -622,6 +628,7 @@ fn e5_events_are_persisted_before_sent_and_trimmed_on_ack() {
             exit_code: Some(2),
             error: Some("make: *** [test] Error 2".into()),
             log: Some(log),
+            cause: crate::wire::EndCause::Engine,
         },
     };
     assert_eq!(
@@ -702,6 +709,7 @@ fn e5_invalid_log_reference_is_left_out() {
             exit_code: Some(0),
             error: None,
             log: None,
+            cause: crate::wire::EndCause::Engine,
         }]
     );
 }
@@ -803,9 +811,16 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
         lease: L1,
         reason: "cancelled by alice".into(),
     });
+    // The stop is durable before the ack goes out (persist before send).
     assert_eq!(
         outs,
         [
+            ExecutorOutput::Persist(ExecutorBatch {
+                writes: vec![ExecutorWrite::JobStopping {
+                    lease: L1,
+                    stop: StopReason::Cancel("cancelled by alice".into()),
+                }]
+            }),
             ExecutorOutput::StopJob {
                 lease: L1,
                 grace: DEFAULT_STOP_GRACE
@@ -838,6 +853,7 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
             exit_code: Some(143),
             error: Some("cancelled by alice".into()),
             log: None,
+            cause: EndCause::Cancelled,
         }
     );
 }
@@ -874,8 +890,8 @@ fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
     });
     assert_eq!(
         names(&outs),
-        ["send:CancelAck"],
-        "already stopping: no second stop"
+        ["persist", "send:CancelAck"],
+        "the cancel is durable before its ack (E7, E9); already stopping: no second stop"
     );
     let outs = h.exited(L1, TerminalStatus::Failed);
     let events = batches(&outs).concat();
@@ -886,7 +902,11 @@ fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
             _ => None,
         })
         .collect();
-    let want = terminal(TerminalStatus::Cancelled, Some("cancelled by alice"));
+    let want = terminal_by(
+        TerminalStatus::Cancelled,
+        Some("cancelled by alice"),
+        EndCause::Cancelled,
+    );
     assert_eq!(appended, std::slice::from_ref(&want));
     assert!(events.iter().all(|e| e.kind == want), "{events:?}");
 }
@@ -946,7 +966,7 @@ fn e9_restart_fails_jobs_that_died_with_the_process() {
     let failed = |seqno, lease| Event {
         seqno: Seqno(seqno),
         lease,
-        kind: terminal(TerminalStatus::Failed, Some(RESTARTED)),
+        kind: terminal_by(TerminalStatus::Failed, Some(RESTARTED), EndCause::Restarted),
     };
     assert_eq!(
         writes(&outs),
@@ -1114,6 +1134,81 @@ fn e11_jobs_keep_running_while_disconnected() {
     assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
 }
 
+/// E9 with E7: an executor restarted after it acked a cancel still ends the job Cancelled
+/// with the cancel's reason, because the stop was durable before the ack (issue 10).
+#[test]
+fn e9_restart_after_a_cancel_ack_ends_the_job_cancelled() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.run(L2, "docker");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "cancelled by alice".into(),
+    });
+    assert_eq!(names(&outs), ["persist", "stop", "send:CancelAck"]);
+    // The process dies before the engine reports the stop.
+    let outs = h.restart(secs(10));
+    assert_eq!(names(&outs), ["persist", "connect"]);
+    assert_eq!(
+        writes(&outs),
+        [
+            ExecutorWrite::Append(Event {
+                seqno: Seqno(3),
+                lease: L1,
+                kind: terminal_by(
+                    TerminalStatus::Cancelled,
+                    Some("cancelled by alice"),
+                    EndCause::Cancelled
+                ),
+            }),
+            ExecutorWrite::JobEnded { lease: L1 },
+            ExecutorWrite::Append(Event {
+                seqno: Seqno(4),
+                lease: L2,
+                kind: terminal_by(TerminalStatus::Failed, Some(RESTARTED), EndCause::Restarted),
+            }),
+            ExecutorWrite::JobEnded { lease: L2 },
+        ]
+    );
+    assert!(h.store.jobs.is_empty());
+}
+
+/// E9 with E12: an executor restarted while self-fencing stopped a job reports the fence
+/// (lost contact), not the restart: the fence's stop was durable.
+#[test]
+fn e9_restart_after_self_fencing_reports_lost_contact() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(1),
+    });
+    h.disconnect();
+    while h.store.jobs.get(&L1).and_then(|j| j.stop.clone()).is_none() {
+        let (_, outs) = h.until_deadline();
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    assert_eq!(h.store.jobs[&L1].stop, Some(StopReason::Fence));
+    let outs = h.restart(secs(1));
+    let Some(ExecutorWrite::Append(event)) = writes(&outs).first().cloned() else {
+        panic!("expected an append");
+    };
+    assert_eq!(
+        event.kind,
+        terminal_by(
+            TerminalStatus::Failed,
+            Some(LOST_CONTACT),
+            EndCause::LostContact
+        )
+    );
+}
+
 // --------------------------------------------------------------------------------------- E12
 
 #[test]
@@ -1130,9 +1225,16 @@ fn e12_self_fences_after_reconnect_grace() {
             match o {
                 ExecutorOutput::StopJob { lease, grace } => stops.push((*lease, *grace, h.now)),
                 ExecutorOutput::Connect => {}
+                // The fence's stop is durable before the stop (E12, E9).
+                ExecutorOutput::Persist(b) => assert_eq!(
+                    b.writes,
+                    [ExecutorWrite::JobStopping {
+                        lease: L1,
+                        stop: StopReason::Fence
+                    }]
+                ),
                 ExecutorOutput::Send { .. }
                 | ExecutorOutput::Close { .. }
-                | ExecutorOutput::Persist(_)
                 | ExecutorOutput::StartJob { .. } => panic!("unexpected {o:?}"),
             }
         }
@@ -1157,7 +1259,11 @@ fn e12_self_fences_after_reconnect_grace() {
     };
     assert_eq!(
         event.kind,
-        terminal(TerminalStatus::Failed, Some(LOST_CONTACT))
+        terminal_by(
+            TerminalStatus::Failed,
+            Some(LOST_CONTACT),
+            EndCause::LostContact
+        )
     );
     assert_eq!(h.exec.running_leases().count(), 0);
 }

@@ -1,6 +1,8 @@
 //! Cancels (M26, M27) and job timeouts (M18).
 
-use super::{reason, CancelPhase, LeaseCancel, LeaseState, Mill, Observation, Phase, RarePath};
+use super::{
+    reason, CancelPhase, LeaseCancel, LeaseState, Mill, MillWrite, Observation, Phase, RarePath,
+};
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{JobId, LeaseId, Time};
 use crate::wire::ToExecutor;
@@ -72,17 +74,25 @@ impl Mill {
                 }
             }
             LeaseState::Running => {
-                l.cancel = Some(LeaseCancel {
+                let c = LeaseCancel {
                     reason: why.clone(),
                     status,
                     cause,
                     phase: CancelPhase::Waiting,
-                });
-                let node = l.node.clone();
+                };
+                // Durable before the `CancelAttempt` goes out and before the client hears
+                // Ok: a restarted mill still knows the job is being cancelled (M26, M29).
+                let write = MillWrite::LeaseCancel {
+                    lease,
+                    cancel: c.record(),
+                };
+                l.cancel = Some(c);
+                let (node, epoch) = (l.node.clone(), l.epoch);
+                self.persist(write);
                 let connected = self
                     .sessions
                     .get(&node)
-                    .is_some_and(|s| s.conn.is_some() && s.reconciled && s.epoch == l.epoch);
+                    .is_some_and(|s| s.conn.is_some() && s.reconciled && s.epoch == epoch);
                 if connected {
                     if let Some(c) = self.leases.get_mut(&lease).and_then(|l| l.cancel.as_mut()) {
                         c.phase = CancelPhase::Sent;

@@ -3,10 +3,10 @@
 use std::collections::BTreeSet;
 
 use super::terminals::TerminalMemory;
-use super::{LeaseState, Mill, MillWrite, ViolationKind};
+use super::{reason, LeaseState, Mill, MillWrite, ViolationKind};
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{Epoch, LeaseId, NodeId, Seqno};
-use crate::wire::{self, Event, EventKind, ToExecutor};
+use crate::wire::{self, EndCause, Event, EventKind, ToExecutor};
 
 impl Mill {
     /// Checks the whole batch first (M19, M20, M22, M25): a bad batch is a violation and
@@ -106,7 +106,7 @@ impl Mill {
         // A job stopped for its timeout reports Cancelled; it ended by Timeout (M18).
         let cancel = lease
             .and_then(|l| l.cancel.as_ref())
-            .map(|c| (c.status, c.cause));
+            .map(|c| (c.status, c.cause, c.reason.clone()));
         if let EventKind::Terminal { .. } = &event.kind {
             memory.remember(event.lease, bound);
         }
@@ -124,11 +124,27 @@ impl Mill {
                 exit_code,
                 error,
                 log,
+                cause,
             } => {
                 // A stop the mill asked for ended it: that cancel is the cause (M26, M18).
-                let (status, cause) = match cancel {
-                    Some((c, cause)) if status == TerminalStatus::Cancelled => (c, cause),
-                    _ => (status, TerminalCause::Reported),
+                // So it is when the executor's own verdict ended a job the mill was cancelling
+                // (its restart, E9, or self-fencing, E12, before it acted on the cancel): the
+                // job did not produce a result, and the cancel stands, as at grace expiry (M5).
+                // Otherwise the executor's typed account: the engine's result, or its verdict.
+                let verdict = matches!(cause, EndCause::Restarted | EndCause::LostContact);
+                let (status, cause, error) = match (cancel, cause) {
+                    (Some((c, cause, _)), _) if status == TerminalStatus::Cancelled => {
+                        (c, cause, error)
+                    }
+                    (Some((c, cause, why)), _) if verdict => {
+                        let text = error.as_deref().unwrap_or("executor stopped the job");
+                        (c, cause, Some(reason(format!("{why} ({text})"))))
+                    }
+                    (_, EndCause::Restarted) => (status, TerminalCause::ExecutorRestarted, error),
+                    (_, EndCause::LostContact) => (status, TerminalCause::LostContact, error),
+                    (_, EndCause::Engine | EndCause::Cancelled) => {
+                        (status, TerminalCause::Reported, error)
+                    }
                 };
                 let t = Terminal {
                     status,

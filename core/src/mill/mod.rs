@@ -29,7 +29,9 @@ use std::time::Duration;
 
 pub use config::{ConfigError, MillConfig};
 pub use placement::{RankIndex, RankKey};
-pub use store::{JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite};
+pub use store::{
+    CancelRecord, JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+};
 pub use view::SessionView;
 
 use crate::job::{JobSpec, JobState, SpecError, Terminal};
@@ -303,6 +305,28 @@ struct LeaseCancel {
     /// The matching cause (`Cancelled` or `Timeout`).
     cause: crate::job::TerminalCause,
     phase: CancelPhase,
+}
+
+impl LeaseCancel {
+    /// What is stored of it (M29): everything but the phase, which a restart begins again
+    /// at `Waiting`.
+    fn record(&self) -> CancelRecord {
+        CancelRecord {
+            reason: self.reason.clone(),
+            status: self.status,
+            cause: self.cause,
+        }
+    }
+
+    /// A cancel restored from the store: it goes out again when the node is ready (M26).
+    fn restored(record: CancelRecord) -> Self {
+        LeaseCancel {
+            reason: record.reason,
+            status: record.status,
+            cause: record.cause,
+            phase: CancelPhase::Waiting,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -871,6 +895,7 @@ impl Mill {
             epoch: l.epoch,
             resources: l.resources.clone(),
             state: l.state,
+            cancel: l.cancel.as_ref().map(LeaseCancel::record),
         })
     }
 

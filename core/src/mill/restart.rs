@@ -9,7 +9,10 @@
 //! lease. Dropping it would queue a job that may already run (I1). Queued jobs are placed
 //! again. Job timeouts count again from now, since `Time` does not survive a restart.
 
-use super::{Job, Lease, LeaseState, Mill, MillSnapshot, MillWrite, Observation, Phase, RarePath};
+use super::{
+    Job, Lease, LeaseCancel, LeaseState, Mill, MillSnapshot, MillWrite, Observation, Phase,
+    RarePath,
+};
 use crate::job::JobState;
 use crate::types::{JobId, LeaseId};
 
@@ -60,7 +63,10 @@ impl Mill {
                     commit_sent: None,
                     // Published before the crash: a commit may be out (M29).
                     commit_out: true,
-                    cancel: None,
+                    // An accepted cancel survives (M26, M29): it goes out again once the
+                    // node is reconciled, its ack re-arms the teardown deadline, and grace
+                    // expiry or reconcile end the lease with its status (M5, M8).
+                    cancel: record.cancel.map(LeaseCancel::restored),
                 },
             );
         }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Identity, JobSpec, JobState};
+use crate::job::{Identity, JobSpec, JobState, TerminalCause, TerminalStatus};
 use crate::types::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 
 /// Where a durable lease stands.
@@ -39,6 +39,20 @@ pub struct LeaseRecord {
     pub resources: Resources,
     /// Reserved or running.
     pub state: LeaseState,
+    /// The cancel the mill accepted for it (M26), if any: kept so that a restarted mill
+    /// sends it again and ends the job with its status (M29).
+    pub cancel: Option<CancelRecord>,
+}
+
+/// A cancel the mill accepted for a running lease (M26, M18), as stored (M29).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRecord {
+    /// Why, for the record and the `CancelAttempt`.
+    pub reason: String,
+    /// `Cancelled` for a client's cancel, `Timeout` for M18.
+    pub status: TerminalStatus,
+    /// The matching cause (`Cancelled` or `Timeout`).
+    pub cause: TerminalCause,
 }
 
 /// A job as stored; terminal jobs leave the snapshot (the driver keeps their history).
@@ -82,6 +96,14 @@ pub enum MillWrite {
     },
     /// A lease was published or committed.
     LeaseUpsert(LeaseRecord),
+    /// A cancel was accepted for a running lease (M26); written before its `CancelAttempt`
+    /// goes out and before the client hears Ok, so a restart keeps it (M29).
+    LeaseCancel {
+        /// The lease.
+        lease: LeaseId,
+        /// The cancel.
+        cancel: CancelRecord,
+    },
     /// A lease ended.
     LeaseDelete {
         /// The lease.
@@ -174,6 +196,11 @@ impl MillSnapshot {
             }
             MillWrite::LeaseUpsert(record) => {
                 self.leases.insert(record.lease, record.clone());
+            }
+            MillWrite::LeaseCancel { lease, cancel } => {
+                if let Some(record) = self.leases.get_mut(lease) {
+                    record.cancel = Some(cancel.clone());
+                }
             }
             MillWrite::LeaseDelete { lease } => {
                 self.leases.remove(lease);

@@ -279,6 +279,7 @@ fn m24_a_terminal_records_the_status_releases_quota_and_wakes_placement() {
                 exit_code: Some(0),
                 error: None,
                 log: Some(log_for(lease)),
+                cause: crate::wire::EndCause::Engine,
             },
         )],
     );
@@ -309,6 +310,7 @@ fn m25_a_bad_log_reference_is_a_violation() {
                 exit_code: Some(0),
                 error: None,
                 log: Some(bad),
+                cause: crate::wire::EndCause::Engine,
             },
         )],
     );
@@ -360,4 +362,76 @@ fn m23_an_empty_batch_is_acked_so_executors_can_use_it_as_a_heartbeat() {
         }]
     );
     assert!(h.writes().is_empty());
+}
+
+/// The executor's own verdicts arrive typed (protocol 2): a terminal's `EndCause` becomes the
+/// recorded cause; its text stays the human reason.
+fn executor_verdict(cause: crate::wire::EndCause, text: &str) -> crate::job::Terminal {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    let kind = EventKind::Terminal {
+        status: TerminalStatus::Failed,
+        exit_code: None,
+        error: Some(text.into()),
+        log: None,
+        cause,
+    };
+    h.events(a, 1, vec![(1, lease, kind)]);
+    h.terminal_of(job).unwrap()
+}
+
+#[test]
+fn e9_an_executor_restart_is_recorded_by_cause() {
+    let t = executor_verdict(crate::wire::EndCause::Restarted, "executor restarted");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::ExecutorRestarted));
+    assert_eq!(t.error.as_deref(), Some("executor restarted"));
+}
+
+#[test]
+fn e12_self_fencing_is_recorded_by_cause() {
+    let t = executor_verdict(crate::wire::EndCause::LostContact, "any words");
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::LostContact));
+    // The cause is the data; the text is not matched on.
+    let t = executor_verdict(crate::wire::EndCause::Engine, "executor restarted");
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::Reported));
+}
+
+/// M26 with E9/E12: the executor's own verdict (it restarted, or fenced itself, before it
+/// acted on the cancel) ends a job the mill was cancelling Cancelled, as grace expiry would
+/// (M5): no engine result raced the cancel. The executor's text stays in the reason.
+#[test]
+fn m26_an_executor_verdict_on_a_job_being_cancelled_ends_it_cancelled() {
+    for (cause, text) in [
+        (crate::wire::EndCause::Restarted, "executor restarted"),
+        (
+            crate::wire::EndCause::LostContact,
+            "executor lost contact with the mill",
+        ),
+    ] {
+        let mut h = H::new();
+        let a = h.ready("a", 0.0);
+        let (job, lease) = h.run_on(a, spec());
+        h.cancel_req(job, "stop it".into()).unwrap();
+        let kind = EventKind::Terminal {
+            status: TerminalStatus::Failed,
+            exit_code: None,
+            error: Some(text.into()),
+            log: None,
+            cause,
+        };
+        h.events(a, 1, vec![(1, lease, kind)]);
+        let t = h.terminal_of(job).unwrap();
+        assert_eq!(t.status, TerminalStatus::Cancelled, "{cause:?}");
+        assert_eq!(t.cause, Some(crate::job::TerminalCause::Cancelled));
+        assert_eq!(t.error, Some(format!("stop it ({text})")));
+    }
+    // The engine's own result still wins over a cancel it raced (I11).
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.cancel_req(job, "stop it".into()).unwrap();
+    h.events(a, 1, vec![(1, lease, terminal(TerminalStatus::Failed))]);
+    assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Failed);
 }

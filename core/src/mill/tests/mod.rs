@@ -83,6 +83,7 @@ pub(super) fn terminal(status: TerminalStatus) -> EventKind {
         }),
         error: None,
         log: None,
+        cause: crate::wire::EndCause::Engine,
     }
 }
 

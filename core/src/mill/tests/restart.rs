@@ -1,6 +1,7 @@
 //! M29, M30: restart from the durable store; and determinism.
 
 use super::*;
+use crate::job::TerminalCause;
 
 /// A running lease, a published (Reserved, commit out) one and a queued job, then a restart.
 fn restart_with_running_and_published(h: &mut H) -> (JobId, LeaseId, JobId, LeaseId) {
@@ -225,4 +226,150 @@ fn determinism_one_input_sequence_gives_one_output_sequence() {
     let second = script();
     assert!(first.len() > 30);
     assert_eq!(first, second);
+}
+
+/// A running job on `a` cancelled by a client, the cancel sent, then a restart.
+fn cancel_then_restart(h: &mut H) -> (JobId, LeaseId) {
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.cancel_req(job, "stop it".into()).unwrap();
+    assert_eq!(h.cancels(a), vec![lease]);
+    h.restart();
+    (job, lease)
+}
+
+#[test]
+fn m26_an_accepted_cancel_is_durable_before_its_cancel_attempt() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.cancel_req(job, "stop it".into()).unwrap();
+    let persist = h
+        .out
+        .iter()
+        .position(|o| {
+            matches!(o, MillOutput::Persist(b) if b.writes.iter().any(|w| matches!(
+                w,
+                MillWrite::LeaseCancel { lease: l, cancel }
+                    if *l == lease
+                        && cancel.status == TerminalStatus::Cancelled
+                        && cancel.cause == TerminalCause::Cancelled
+                        && cancel.reason == "stop it"
+            )))
+        })
+        .expect("the cancel is persisted");
+    let sent = h
+        .out
+        .iter()
+        .position(|o| {
+            matches!(o, MillOutput::Send { msg: ToExecutor::CancelAttempt { lease: l, .. }, .. } if *l == lease)
+        })
+        .expect("the cancel is sent");
+    assert!(persist < sent, "persist before send (M26, M29)");
+    assert_eq!(
+        h.store.leases[&lease].cancel.as_ref().map(|c| c.status),
+        Some(TerminalStatus::Cancelled)
+    );
+}
+
+#[test]
+fn m29_a_restored_cancel_is_sent_again_and_its_teardown_deadline_rearmed() {
+    let mut h = H::new();
+    let (job, lease) = cancel_then_restart(&mut h);
+    assert!(h.terminal_of(job).is_none());
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[lease]);
+    assert_eq!(h.cancels(a2), vec![lease], "re-sent on reconcile (M26)");
+    assert!(
+        h.asks(a2).is_empty(),
+        "a pending cancel keeps the node busy (M27)"
+    );
+    h.msg(a2, ToMill::CancelAck { lease });
+    // The ack re-arms the teardown deadline: no terminal comes, the mill ends the job.
+    h.keep_alive(a2, 595 * SEC, &[lease]);
+    assert!(h.terminal_of(job).is_none());
+    h.keep_alive(a2, 10 * SEC, &[lease]);
+    let t = h.terminal_of(job).expect("ended at the teardown deadline");
+    assert_eq!(t.status, TerminalStatus::Cancelled);
+    assert_eq!(t.cause, Some(TerminalCause::TeardownExceeded));
+    assert!(
+        t.error.as_deref().unwrap_or("").starts_with("stop it"),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn m29_a_restored_cancel_decides_the_status_of_the_executors_terminal() {
+    let mut h = H::new();
+    let (job, lease) = cancel_then_restart(&mut h);
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[lease]);
+    h.msg(a2, ToMill::CancelAck { lease });
+    h.events(a2, 1, vec![(1, lease, terminal(TerminalStatus::Cancelled))]);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Cancelled);
+    assert_eq!(t.cause, Some(TerminalCause::Cancelled));
+}
+
+#[test]
+fn m29_a_restored_cancel_ends_the_job_cancelled_when_its_node_never_returns() {
+    let mut h = H::new();
+    let (job, _) = cancel_then_restart(&mut h);
+    h.advance(46 * SEC);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Cancelled, "{t:?}");
+    assert_eq!(
+        t.error.as_deref(),
+        Some("stop it"),
+        "M5: the cancel's reason"
+    );
+}
+
+#[test]
+fn m29_a_restored_cancel_ends_the_job_cancelled_when_its_node_no_longer_has_it() {
+    let mut h = H::new();
+    let (job, _) = cancel_then_restart(&mut h);
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[]);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(
+        t.status,
+        TerminalStatus::Cancelled,
+        "M8 with the cancel: {t:?}"
+    );
+}
+
+#[test]
+fn m29_a_restored_timeout_cancel_still_ends_timeout() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let mut s = spec();
+    s.timeout = Some(60 * SEC);
+    let (job, lease) = h.run_on(a, s);
+    h.keep_alive(a, 60 * SEC, &[lease]);
+    assert_eq!(h.cancels(a), vec![lease]);
+    h.restart();
+    let a2 = h.hello_as("a", 1, &[]);
+    h.snapshot(a2, 0.0, &[lease]);
+    assert_eq!(h.cancels(a2), vec![lease]);
+    h.msg(a2, ToMill::CancelAck { lease });
+    h.events(a2, 1, vec![(1, lease, terminal(TerminalStatus::Cancelled))]);
+    let t = h.terminal_of(job).unwrap();
+    assert_eq!(t.status, TerminalStatus::Timeout);
+    assert_eq!(t.cause, Some(TerminalCause::Timeout));
+}
+
+#[test]
+fn m29_a_cancelled_queued_job_stays_ended_after_a_restart() {
+    let mut h = H::new();
+    let job = h.submit(spec());
+    h.cancel_req(job, "never mind".into()).unwrap();
+    assert!(
+        !h.store.jobs.contains_key(&job),
+        "its terminal is durable at once"
+    );
+    h.restart();
+    assert_eq!(h.mill.job_state(job), None);
+    let a = h.ready("a", 0.0);
+    assert!(h.asks(a).is_empty(), "nothing is placed");
 }

@@ -640,6 +640,7 @@ impl Chaos {
                         exit_code: Some(0),
                         error: None,
                         log,
+                        cause: crate::wire::EndCause::Engine,
                     }
                 };
                 events.push(Event {
