@@ -344,7 +344,12 @@ fn campaign(all: &[Scenario], start: u64, seeds: u64, jobs: usize) -> ExitCode {
                 if let Some(v) = &o.failure {
                     let f = failed.fetch_add(1, Ordering::Relaxed) + 1;
                     bar.set_message(f.to_string());
-                    bar.println(format!("FAILED: {} seed {seed}: {v}", all[si].name));
+                    let line = format!("FAILED: {} seed {seed}: {v}", all[si].name);
+                    if tty {
+                        bar.println(line);
+                    } else {
+                        eprintln!("{line}"); // a hidden bar prints nothing
+                    }
                     if let Ok(mut list) = failures.lock() {
                         list.push((si, seed, v.to_string()));
                     }

@@ -126,13 +126,19 @@ impl Executor {
     }
 
     /// E7: ack at once; drop a reservation; stop a running job, whose terminal will be
-    /// Cancelled when the engine reports it stopped.
+    /// Cancelled when the engine reports it stopped. A job already stopping because this
+    /// executor self-fenced (E12) is not stopped twice, but its terminal becomes Cancelled:
+    /// the mill accepted the user's cancel and the engine has not exited yet (I11).
     pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
         self.take_reservation(lease);
         let stop = match self.seats.running.get_mut(&lease) {
             Some(job) if job.stop.is_none() => {
                 job.stop = Some(StopReason::Cancel(bounded_error(reason)));
                 true
+            }
+            Some(job) if job.stop == Some(StopReason::Fence) => {
+                job.stop = Some(StopReason::Cancel(bounded_error(reason)));
+                false
             }
             Some(_) | None => false,
         };

@@ -843,6 +843,53 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
 }
 
 #[test]
+fn e7_a_cancel_reaching_a_job_stopped_by_self_fencing_ends_it_cancelled() {
+    // Found by the simulator (driver-lag seed 3000054): x0 self-fenced (E12), reconnected
+    // before its engine exited, and got the mill's CancelAttempt for the job. E7 and I11:
+    // the terminal is Cancelled (the engine had not exited when the cancel arrived), and
+    // the job is not stopped a second time.
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.disconnect();
+    let mut stopped = false;
+    while !stopped {
+        let (_, outs) = h.until_deadline();
+        stopped = outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::StopJob { lease: L1, .. }));
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    h.until_deadline();
+    h.connect(Seqno(1));
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "cancelled by alice".into(),
+    });
+    assert_eq!(names(&outs), ["send:CancelAck"], "acked, no second stop");
+    let outs = h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Failed,
+        exit_code: Some(143),
+        error: Some("killed".into()),
+        log: None,
+    });
+    let Some(ExecutorWrite::Append(event)) = writes(&outs).first().cloned() else {
+        panic!("expected an append: {outs:?}");
+    };
+    assert_eq!(
+        event.kind,
+        EventKind::Terminal {
+            status: TerminalStatus::Cancelled,
+            exit_code: Some(143),
+            error: Some("cancelled by alice".into()),
+            log: None,
+        }
+    );
+}
+
+#[test]
 fn e7_cancel_of_unknown_lease_is_acked() {
     let mut h = Harness::ready(config());
     let outs = h.mill(ToExecutor::CancelAttempt {
