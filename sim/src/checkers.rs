@@ -240,8 +240,9 @@ pub struct Bounds {
     /// it is told to stop: reconnect grace (self-fencing counts from the last word heard,
     /// which may be a Welcome just before the mill's grace ran out) + silence + slack.
     pub stop: Micros,
-    /// I9: a job may wait this long while a compatible executor idles.
-    pub starve: Micros,
+    /// I9: the protocol's allowances (a free seat takes a waiting job within `place`; each
+    /// job's bound is computed from the work ahead of it, see `crate::liveness`).
+    pub live: crate::liveness::Allowances,
 }
 
 /// The checkers' memory.
@@ -286,7 +287,8 @@ pub struct Checker {
     stopped: BTreeSet<LeaseId>,
     not_held_since: BTreeMap<LeaseId, Micros>,
     quarantined: BTreeSet<NodeId>,
-    starving_since: BTreeMap<JobId, Micros>,
+    /// I9's memory: free seats, per-job bounds (`crate::liveness`).
+    live: crate::liveness::Liveness,
 }
 
 /// The exec index of a node id `x<i>`.
@@ -323,7 +325,7 @@ impl Checker {
             stopped: BTreeSet::new(),
             not_held_since: BTreeMap::new(),
             quarantined: BTreeSet::new(),
-            starving_since: BTreeMap::new(),
+            live: crate::liveness::Liveness::default(),
         }
     }
 
@@ -1370,7 +1372,7 @@ impl Checker {
             self.ledger_within_limits(w)?;
         }
         if w.healed {
-            self.i9_no_idle_starvation(w)?;
+            self.i9_liveness(w)?;
         }
         Ok(())
     }
@@ -1742,62 +1744,31 @@ impl Checker {
         Ok(())
     }
 
-    fn i9_no_idle_starvation(&mut self, w: &World) -> Result<(), Violation> {
-        let Some(mill) = &w.mill else {
-            self.starving_since.clear();
-            return Ok(());
-        };
-        // Idle: nothing reserved or running there, and no lease the mill still holds for it
-        // (a lease of an older epoch keeps its seat until grace expires, M5).
-        let busy: BTreeSet<&NodeId> = mill.leases().map(|(_, _, node, ..)| node).collect();
-        let idle: Vec<usize> = w
-            .execs
+    /// I9 after the heal: a free compatible seat takes a waiting job within the protocol's
+    /// allowances, and every job ends by a bound computed from the work ahead of it
+    /// (`crate::liveness`, where the formula is).
+    fn i9_liveness(&mut self, w: &World) -> Result<(), Violation> {
+        let open: Vec<crate::liveness::OpenJob> = self
+            .accepted
             .iter()
-            .enumerate()
-            .filter(|(_, p)| {
-                p.honest()
-                    && !busy.contains(&p.node)
-                    && !self.quarantined.contains(&p.node)
-                    && p.exec.as_ref().is_some_and(|x| {
-                        x.is_ready()
-                            && x.reserved_leases().next().is_none()
-                            && x.running_leases().next().is_none()
-                    })
+            .filter(|(j, _)| !self.terminals.contains_key(j))
+            .map(|(&job, &arrival)| crate::liveness::OpenJob {
+                job,
+                arrival,
+                ran: self.job_runs.get(&job).is_some_and(|runs| {
+                    runs.iter()
+                        .any(|l| self.runs.get(l).is_some_and(|r| r.exited.is_some()))
+                }),
             })
-            .map(|(i, _)| i)
             .collect();
-        let mut still = BTreeMap::new();
-        if !idle.is_empty() {
-            for job in self.open_jobs() {
-                if mill.job_state(job) != Some(JobState::Queued) || mill.quota().is_waiting(job) {
-                    continue;
-                }
-                let Some(spec) = w.mill_store.jobs.get(&job).map(|r| &r.spec) else {
-                    continue;
-                };
-                let fits = idle.iter().any(|&i| {
-                    compatible("I9", i, &w.execs[i], spec, job).is_ok()
-                        && fits_engine(&w.execs[i], spec)
-                });
-                if fits {
-                    let since = self.starving_since.get(&job).copied().unwrap_or(w.now);
-                    if w.now.saturating_sub(since) > self.bounds.starve {
-                        return fail(
-                            "I9",
-                            format!(
-                                "{job} ({} {:?}) waits queued since {} while a compatible executor idles",
-                                spec.engine,
-                                spec.labels,
-                                secs(since)
-                            ),
-                        );
-                    }
-                    still.insert(job, since);
-                }
-            }
-        }
-        self.starving_since = still;
-        Ok(())
+        let a = self.bounds.live;
+        self.live
+            .check(w, &a, &open, &self.accepted, &self.quarantined)
+    }
+
+    /// Every job ended after the heal, yet the system is still not quiet past I9's allowance.
+    pub fn quiet_overdue(&self, now: Micros) -> bool {
+        self.live.quiet_overdue(now)
     }
 
     /// The end state, after the faults healed and every job ended (I2, I5, I6, I8, I9).
@@ -1902,15 +1873,6 @@ fn compatible(
         return fail(rule, format!("{job} needs label {l}, which x{exec} lacks"));
     }
     Ok(())
-}
-
-/// Whether the job's resources fit the engine's totals at all.
-fn fits_engine(p: &crate::world::ExecProc, spec: &JobSpec) -> bool {
-    p.cfg.engines.get(&spec.engine).is_some_and(|e| {
-        e.resources
-            .iter()
-            .all(|(name, total)| spec.resources.get(name).copied().unwrap_or(0) <= *total)
-    })
 }
 
 fn dur(d: std::time::Duration) -> Micros {

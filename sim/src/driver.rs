@@ -292,7 +292,11 @@ impl Sim {
         }
         let bounds = Bounds {
             stop: dur(mill_cfg.reconnect_grace) + dur(mill_cfg.silence_timeout) + 5 * SEC,
-            starve: 2 * dur(mill_cfg.bid_timeout) + 2 * dur(mill_cfg.snapshot_interval) + 5 * SEC,
+            live: crate::liveness::Allowances::new(
+                &mill_cfg,
+                scenario,
+                plan.swarm.has(crate::scenario::Family::DriverLag),
+            ),
         };
         let arrivals = workload.arrivals.len();
         let w = World {
@@ -558,6 +562,10 @@ impl Sim {
             Ev::Heal => self.heal(),
             Ev::Sample => {
                 let r = self.c.sample(&self.w);
+                if r.as_ref().is_err_and(|v| v.rule == "I9") && !self.w.scenario.checks("I9") {
+                    self.done = true; // liveness is left out: stop at the bound without a verdict
+                    return;
+                }
                 self.check(r);
                 if self.w.healed && self.failure.is_none() && self.quiet() {
                     let r = self.c.quiescent(&self.w);
@@ -566,6 +574,9 @@ impl Sim {
                     self.trace
                         .line(now, "sim", |s| s.push_str("quiescent: done"));
                     return;
+                }
+                if self.w.healed && self.failure.is_none() && self.c.quiet_overdue(now) {
+                    return self.stuck();
                 }
                 self.at(now + SAMPLE, Ev::Sample);
             }
@@ -1300,6 +1311,7 @@ impl Sim {
                         hung: false,
                         forever: false,
                         counted: false,
+                        ends_at: None,
                     },
                 );
                 let r = self.c.start(&self.w, i, lease, job, &spec);
@@ -1326,6 +1338,7 @@ impl Sim {
                             lease,
                         },
                     );
+                    self.ends_at(i, lease, now + d);
                     self.at(
                         now + d,
                         Ev::EngineExit {
@@ -1340,6 +1353,7 @@ impl Sim {
                     );
                 } else if rng.chance(0.01) {
                     let at = now + rng.range(MS, 50 * MS);
+                    self.ends_at(i, lease, at);
                     self.at(
                         at,
                         Ev::EngineExit {
@@ -1362,6 +1376,7 @@ impl Sim {
                             lease,
                         },
                     );
+                    self.ends_at(i, lease, start + d);
                     self.at(
                         start + d,
                         Ev::EngineExit {
@@ -1392,11 +1407,17 @@ impl Sim {
                         // It ignores the stop and the kill for good: only the mill's
                         // teardown deadline ends the cancel (M26); the heal ends the engine.
                         job.forever = true;
+                        job.ends_at = None;
                         return;
                     }
-                    self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC)
+                    let delay = self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC);
+                    // A hung engine ignores its natural exit: this one is what ends it.
+                    job.ends_at = Some(now + delay);
+                    delay
                 } else {
-                    self.engines.range(5 * MS, 3 * SEC)
+                    let delay = self.engines.range(5 * MS, 3 * SEC);
+                    job.ends_at = Some(job.ends_at.map_or(now + delay, |e| e.min(now + delay)));
+                    delay
                 };
                 self.at(
                     now + delay,
@@ -2070,6 +2091,7 @@ impl Sim {
                 .collect();
             for lease in forever {
                 let at = now + self.engines.range(5 * MS, 3 * SEC);
+                self.ends_at(i, lease, at);
                 self.at(
                     at,
                     Ev::EngineExit {
@@ -2091,62 +2113,20 @@ impl Sim {
                 self.start_exec(i);
             }
         }
-        // Liveness: the bound after which every job must have ended (I9).
-        let cfg = &self.w.mill_cfg;
-        let recovery = dur(cfg.reconnect_grace)
-            + dur(cfg.silence_timeout)
-            + 10 * SEC
-            + CONNECT_TIMEOUT
-            + dur(cfg.cancel_ack_timeout)
-            + dur(cfg.cancel_teardown_timeout)
-            + 40 * SEC;
-        // Jobs left: accepted and open, or not yet submitted. Quota serialises a scope's
-        // jobs: a scope with a `jobs` limit of k runs at most k at a time.
-        let mut left: Vec<&millrace_core::Identity> = Vec::new();
-        for job in self.c.open_jobs() {
-            if let Some(r) = self.w.mill_store.jobs.get(&job) {
-                left.push(&r.spec.identity);
-            }
+        // Liveness (I9): each job's bound is computed from the work ahead of it on every
+        // sample from now on (`crate::liveness`); a scenario may set one wall instead.
+        if let Some(bound) = self.w.scenario.expect.liveness_bound {
+            let deadline = now + bound;
+            self.deadline = Some(deadline);
+            self.at(deadline, Ev::Deadline);
         }
-        for (_, a) in
-            &self.w.workload.arrivals[self.w.arrivals_done.min(self.w.workload.arrivals.len())..]
-        {
-            if let Arrival::Job { spec, .. } = a {
-                left.push(&spec.identity);
-            }
+    }
+
+    /// Records when the engine run of `lease` on executor `i` will exit (I9 counts it).
+    fn ends_at(&mut self, i: usize, lease: LeaseId, at: Micros) {
+        if let Some(job) = self.w.execs[i].engine.get_mut(&lease) {
+            job.ends_at = Some(at);
         }
-        let seats: u64 = self
-            .w
-            .execs
-            .iter()
-            .filter(|p| p.honest())
-            .map(|p| p.cfg.total_capacity())
-            .sum::<u64>()
-            .max(1);
-        let mut rounds = left.len() as u64 / seats + 1;
-        let quota = &cfg.quota;
-        let mut per_scope: BTreeMap<millrace_core::quota::Scope, u64> = BTreeMap::new();
-        for id in &left {
-            for scope in millrace_core::quota::Scope::of(id) {
-                *per_scope.entry(scope).or_insert(0) += 1;
-            }
-        }
-        for (scope, n) in per_scope {
-            if let Some(limit) = quota.limit(&scope, "jobs") {
-                rounds = rounds.max(n / limit.max(1) + 1);
-            }
-        }
-        let per_round = self.w.scenario.job_max + 2 * dur(cfg.bid_timeout) + 5 * SEC;
-        let last_arrival = self.w.workload.arrivals.last().map_or(0, |a| a.0);
-        // Long jobs (one in fifty) may fall in the longest chain too.
-        let long = crate::workload::LONG_JOBS * self.w.scenario.job_max * (1 + rounds / 25);
-        let deadline = now.max(last_arrival) + recovery + rounds * per_round + long + 60 * SEC;
-        let deadline = match self.w.scenario.expect.liveness_bound {
-            Some(bound) => now + bound,
-            None => deadline,
-        };
-        self.deadline = Some(deadline);
-        self.at(deadline, Ev::Deadline);
     }
 
     /// After the heal: everything submitted ended, nothing held, every outbox drained.

@@ -27,6 +27,7 @@ pub mod checkers;
 pub mod coverage;
 pub mod driver;
 pub mod latency;
+pub mod liveness;
 pub mod net;
 pub mod quality;
 pub mod report;

@@ -56,14 +56,22 @@ struct Which {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs seeds start..start+N, stopping at the first failure (exit 1).
+    /// Runs seeds start..start+N, stopping at the first failure (exit 1). With
+    /// `--all-scenarios`, a campaign: N seeds of every scenario of the library, a summary
+    /// table, every failure with its replay command (exit 1 if any).
     Fuzz {
-        /// How many seeds.
+        /// How many seeds (per scenario with `--all-scenarios`).
         #[arg(long)]
         seeds: u64,
         /// The first seed.
         #[arg(long, default_value_t = 0)]
         start: u64,
+        /// Runs every scenario of the library (`list`), not just one.
+        #[arg(long, conflicts_with_all = ["scenario", "scenario_file"])]
+        all_scenarios: bool,
+        /// Worker threads for `--all-scenarios` (1..=64).
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
         #[command(flatten)]
         which: Which,
     },
@@ -169,7 +177,18 @@ fn main() -> ExitCode {
         Command::Fuzz {
             seeds,
             start,
+            all_scenarios: true,
+            jobs,
+            ..
+        } => match library(dir) {
+            Ok(all) => campaign(&all, start, seeds, jobs),
+            Err(code) => code,
+        },
+        Command::Fuzz {
+            seeds,
+            start,
             which,
+            ..
         } => match find(dir, &which) {
             Ok(s) => fuzz(&s, start, seeds),
             Err(code) => code,
@@ -249,6 +268,153 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
     }
     let _ = std::io::stdout().flush();
     ExitCode::SUCCESS
+}
+
+/// One scenario's tally in a campaign.
+#[derive(Default)]
+struct Tally {
+    seeds: u64,
+    failures: u64,
+    /// Wall time spent on its seeds, summed over workers.
+    busy: f64,
+    simulated: u64,
+}
+
+/// The most failures a campaign lists one by one.
+const MAX_LISTED: usize = 50;
+
+/// `fuzz --all-scenarios`: `seeds` fresh seeds of every scenario, on `jobs` threads. A
+/// failure does not stop the campaign; each is listed with its replay command.
+fn campaign(all: &[Scenario], start: u64, seeds: u64, jobs: usize) -> ExitCode {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    if seeds == 0 {
+        eprintln!("error: --seeds must be at least 1");
+        return ExitCode::from(2);
+    }
+    if !(1..=64).contains(&jobs) {
+        eprintln!("error: --jobs must be 1..=64, not {jobs}");
+        return ExitCode::from(2);
+    }
+    if start.checked_add(seeds).is_none() {
+        eprintln!("error: --start + --seeds overflows u64");
+        return ExitCode::from(2);
+    }
+    let Some(total) = seeds.checked_mul(all.len() as u64) else {
+        eprintln!("error: --seeds × scenarios overflows u64");
+        return ExitCode::from(2);
+    };
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} seeds  {per_sec}  eta {eta}  failures: {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message("0");
+    let next = AtomicU64::new(0);
+    let failed = AtomicU64::new(0);
+    let tallies: Mutex<Vec<Tally>> = Mutex::new(all.iter().map(|_| Tally::default()).collect());
+    // (scenario index, seed, what failed), in the order found.
+    let failures: Mutex<Vec<(usize, u64, String)>> = Mutex::new(Vec::new());
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let began = Instant::now();
+    // Seeds are dealt round-robin over the scenarios, so a partial run covers them all.
+    let n = all.len() as u64;
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if k >= total {
+                    break;
+                }
+                let (si, seed) = ((k % n) as usize, start + k / n);
+                let t0 = Instant::now();
+                let o = sim::run_fast(&all[si], seed);
+                let spent = t0.elapsed().as_secs_f64();
+                if let Ok(mut t) = tallies.lock() {
+                    let t = &mut t[si];
+                    t.seeds += 1;
+                    t.busy += spent;
+                    t.simulated += o.end;
+                    if o.failure.is_some() {
+                        t.failures += 1;
+                    }
+                }
+                if let Some(v) = &o.failure {
+                    let f = failed.fetch_add(1, Ordering::Relaxed) + 1;
+                    bar.set_message(f.to_string());
+                    let line = format!("FAILED: {} seed {seed}: {v}", all[si].name);
+                    if tty {
+                        bar.println(line);
+                    } else {
+                        eprintln!("{line}"); // a hidden bar prints nothing
+                    }
+                    if let Ok(mut list) = failures.lock() {
+                        list.push((si, seed, v.to_string()));
+                    }
+                }
+                bar.inc(1);
+                // The bar is hidden when stderr is not a terminal (a background run): a plain
+                // line every 2,000 seeds instead.
+                let done = k + 1;
+                if !tty && done % 2000 == 0 {
+                    eprintln!(
+                        "{done}/{total} seeds dealt, {} failures, {:.1} seeds/s",
+                        failed.load(Ordering::Relaxed),
+                        done as f64 / began.elapsed().as_secs_f64().max(1e-9)
+                    );
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let wall = began.elapsed().as_secs_f64().max(1e-9);
+    let tallies = tallies.into_inner().unwrap_or_default();
+    let failures = failures.into_inner().unwrap_or_default();
+    let width = all.iter().map(|s| s.name.len()).max().unwrap_or(8).max(8);
+    out!(
+        "| {:<width$} | seeds | failures | seeds/s (one worker) |",
+        "scenario"
+    );
+    out!(
+        "|{}|------:|---------:|---------------------:|",
+        "-".repeat(width + 2)
+    );
+    for (s, t) in all.iter().zip(&tallies) {
+        out!(
+            "| {:<width$} | {:>5} | {:>8} | {:>20.1} |",
+            s.name,
+            t.seeds,
+            t.failures,
+            t.seeds as f64 / t.busy.max(1e-9)
+        );
+    }
+    let done: u64 = tallies.iter().map(|t| t.seeds).sum();
+    let simulated: u64 = tallies.iter().map(|t| t.simulated).sum();
+    out!(
+        "{done} seeds ({seeds} per scenario × {} scenarios, seeds {start}..{}), {} failures, in {wall:.0}s on {jobs} worker(s): {:.1} seeds/s, {:.0}x simulated ÷ wall time",
+        all.len(),
+        start + seeds,
+        failures.len(),
+        done as f64 / wall,
+        simulated as f64 / SEC as f64 / wall
+    );
+    if failures.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    out!("failures:");
+    for (si, seed, what) in failures.iter().take(MAX_LISTED) {
+        out!("  {} seed {seed}: {what}", all[*si].name);
+        out!(
+            "    replay: {}",
+            sim::report::replay_command(&all[*si].name, *seed)
+        );
+    }
+    if failures.len() > MAX_LISTED {
+        out!("  … and {} more", failures.len() - MAX_LISTED);
+    }
+    ExitCode::from(1)
 }
 
 fn replay(s: &Scenario, seed: u64, trace: Option<std::path::PathBuf>) -> ExitCode {

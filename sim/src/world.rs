@@ -44,6 +44,9 @@ pub struct EngineJob {
     pub forever: bool,
     /// Counted once as a cancel ended by the mill's deadline alone.
     pub counted: bool,
+    /// When its scheduled exit takes effect (`None`: none is scheduled, it hangs for good):
+    /// the real remaining work I9's bounds count.
+    pub ends_at: Option<u64>,
 }
 
 /// One executor process and everything around it.

@@ -249,5 +249,81 @@ fn i11_cancels_survive_mill_and_executor_restarts_on_the_seeds_that_found_the_ga
     assert!(
         restart_cancelled,
         "smoke 2: no executor restart ended an acked cancel's job Cancelled"
+#[test]
+fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
+    // Issue 19: the old liveness wall failed this seed (693 s after the heal) while x3, the
+    // only executor holding `arm`, ran arm jobs back to back. The per-job bound counts the
+    // work queued on the seats that can run each job, so the seed passes; and it passes for
+    // the right reason: from the heal to its last job, x3's one seat is never free longer
+    // than I9's placement allowance, and the arm jobs the old report named all run on it.
+    let all = scenario_file::embedded().unwrap();
+    let s = all.iter().find(|s| s.name == "partitions").unwrap();
+    let o = sim::run_traced(s, 2_167_729, 1_000_000);
+    if o.failure.is_some() {
+        panic!("{}", failure_report(&o, None));
+    }
+    assert_eq!(
+        o.trace_lines as usize,
+        o.last_lines.len(),
+        "whole trace kept"
+    );
+    let arm: Vec<&str> = o
+        .fleet
+        .iter()
+        .filter(|e| e.labels.contains("arm"))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(arm, ["x3"], "x3 is the only arm executor of this seed");
+    assert_eq!(o.fleet[3].engines["shell"].capacity, 1, "with one seat");
+    let heal = o
+        .last_lines
+        .iter()
+        .find(|l| l.contains("heal: faults stop"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| t.parse::<f64>().ok())
+        .unwrap();
+    // x3's engine: starts and exits, in order.
+    let mut started_after_heal = Vec::new();
+    let (mut running, mut free_since, mut longest_free) = (false, None::<f64>, 0.0f64);
+    for l in &o.last_lines {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.len() < 5 || w[1] != "x3" {
+            continue;
+        }
+        let t: f64 = w[0].parse().unwrap();
+        match (w[2], w[3]) {
+            (">", "start") => {
+                assert!(!running, "x3 has one seat: {l}");
+                running = true;
+                if t >= heal {
+                    started_after_heal.push(w[5].to_string());
+                    if let Some(f) = free_since.take() {
+                        longest_free = longest_free.max(t - f.max(heal));
+                    }
+                }
+            }
+            ("<", "exited") => {
+                running = false;
+                free_since = Some(t);
+            }
+            _ => {}
+        }
+    }
+    for job in ["j131", "j133", "j138", "j148", "j150"] {
+        assert!(
+            started_after_heal.iter().any(|j| j == job),
+            "{job} (an arm job of the old report) never started on x3 after the heal"
+        );
+    }
+    // No driver lag in this seed's swarm (partition, one-way, spike, reset).
+    let allow = sim::liveness::Allowances::new(&s.mill_config(), s, false);
+    let place = allow.place as f64 / 1e6;
+    assert!(
+        longest_free <= place,
+        "x3's seat was free {longest_free:.3}s at a stretch after the heal (allowance {place}s)"
+    );
+    println!(
+        "x3 ran {} jobs after the heal at {heal}s; its seat was free at most {longest_free:.3}s at a stretch",
+        started_after_heal.len()
     );
 }
