@@ -1869,3 +1869,39 @@ fn dur(d: std::time::Duration) -> Micros {
 pub fn bound_secs(m: Micros) -> u64 {
     m / SEC
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seqno: u64) -> Event {
+        Event {
+            seqno: Seqno(seqno),
+            lease: LeaseId(1),
+            kind: EventKind::Running,
+        }
+    }
+
+    /// I8's judge of a tagged batch follows M20's order against the mill's cursor.
+    #[test]
+    fn batch_violation_judges_against_the_cursor() {
+        let bad = ViolationKind::BadLogRef;
+        // A gap only counts where the batch's first new event is not cursor + 1.
+        assert_eq!(
+            batch_violation(Seqno(3), &[ev(5)], bad, &[]),
+            Some(ViolationKind::SeqnoGap)
+        );
+        assert_eq!(batch_violation(Seqno(4), &[ev(4), ev(5)], bad, &[]), None);
+        // Disorder is found before anything else, replays included.
+        assert_eq!(
+            batch_violation(Seqno(9), &[ev(2), ev(2)], bad, &[Seqno(2)]),
+            Some(ViolationKind::SeqnoOrder)
+        );
+        // A bad event owes its own kind only when it is new.
+        assert_eq!(batch_violation(Seqno(5), &[ev(5)], bad, &[Seqno(5)]), None);
+        assert_eq!(
+            batch_violation(Seqno(4), &[ev(4), ev(5)], bad, &[Seqno(5)]),
+            Some(bad)
+        );
+    }
+}
