@@ -637,6 +637,7 @@ impl Driver {
                 self.metrics.refused += 1;
                 tracing::warn!(%conn, %reason, "executor refused");
             }
+            Observation::Applied { .. } => {}
             Observation::Rare(path) => {
                 tracing::debug!(?path, "rare path");
             }

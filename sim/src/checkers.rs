@@ -15,11 +15,13 @@ use std::fmt;
 
 use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
 use millrace_core::job::{JobSpec, JobState, Terminal, TerminalCause, TerminalStatus};
-use millrace_core::mill::{MillBatch, MillWrite};
+use millrace_core::mill::{MillBatch, MillWrite, ViolationKind};
 use millrace_core::quota::Scope;
 use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
 
+use crate::byzantine::{ByzKind, Expect};
+use crate::coverage::Path;
 use crate::scenario::{Micros, SEC};
 use crate::trace::secs;
 use crate::world::World;
@@ -289,6 +291,68 @@ pub struct Checker {
     quarantined: BTreeSet<NodeId>,
     /// I9's memory: free seats, per-job bounds (`crate::liveness`).
     live: crate::liveness::Liveness,
+    /// I8: a violating message of a misbehaving executor the mill is handling now.
+    byz_pending: Option<ByzPending>,
+    /// I8: violations the mill observed in that step: (node, kind).
+    step_violations: Vec<(NodeId, ViolationKind)>,
+    /// I8: connections the mill closed in that step.
+    step_closed: Vec<ConnId>,
+    /// I4: the cursor move of the batch being applied: (exec, epoch, from, to).
+    cursor_move: Option<(usize, Epoch, Seqno, Seqno)>,
+}
+
+/// A violating message a misbehaving executor sent and the mill received (I8).
+#[derive(Debug)]
+struct ByzPending {
+    exec: usize,
+    conn: ConnId,
+    kind: ViolationKind,
+    what: String,
+}
+
+/// What the mill must find wrong in an event batch whose events `bad` were made bad as
+/// `kind` says, applying M20 against `cursor` in the mill's order (disorder, then per new
+/// event a gap, then the event's own fault); `None` if the batch is legal there.
+fn batch_violation(
+    cursor: Seqno,
+    events: &[Event],
+    kind: ViolationKind,
+    bad: &[Seqno],
+) -> Option<ViolationKind> {
+    let mut prev: Option<Seqno> = None;
+    let mut expected = cursor.next();
+    for e in events {
+        if prev.is_some_and(|p| e.seqno <= p) {
+            return Some(ViolationKind::SeqnoOrder);
+        }
+        prev = Some(e.seqno);
+        if e.seqno <= cursor {
+            continue;
+        }
+        if e.seqno != expected {
+            return Some(ViolationKind::SeqnoGap);
+        }
+        expected = expected.next();
+        if bad.contains(&e.seqno) {
+            return Some(kind);
+        }
+    }
+    None
+}
+
+/// A short description of a message, for failures.
+fn describe(msg: &ToMill) -> String {
+    match msg {
+        ToMill::Snapshot { seqno, .. } => format!("Snapshot seqno {seqno}"),
+        ToMill::EventBatch { epoch, events } => {
+            let seqnos: Vec<u64> = events.iter().take(8).map(|e| e.seqno.get()).collect();
+            format!("EventBatch {epoch} seqnos {seqnos:?}")
+        }
+        ToMill::ReserveResult {
+            lease, resources, ..
+        } => format!("ReserveResult {lease} accepted, resources {resources:?}"),
+        other => format!("{other:?}").chars().take(120).collect(),
+    }
 }
 
 /// The exec index of a node id `x<i>`.
@@ -326,6 +390,10 @@ impl Checker {
             not_held_since: BTreeMap::new(),
             quarantined: BTreeSet::new(),
             live: crate::liveness::Liveness::default(),
+            byz_pending: None,
+            step_violations: Vec::new(),
+            step_closed: Vec::new(),
+            cursor_move: None,
         }
     }
 
@@ -821,6 +889,7 @@ impl Checker {
             }
         }
         self.cursors.insert((exec, epoch), seqno);
+        self.cursor_move = Some((exec, epoch, prev, seqno));
         Ok(())
     }
 
@@ -1094,6 +1163,146 @@ impl Checker {
     /// The mill quarantined `node` (seen in its output order).
     pub fn quarantine_observed(&mut self, node: &NodeId) {
         self.quarantined.insert(node.clone());
+    }
+
+    /// The mill observed a violation by `node` (M28).
+    pub fn violation_observed(&mut self, node: &NodeId, kind: ViolationKind) {
+        if self.byz_pending.is_some() {
+            self.step_violations.push((node.clone(), kind));
+        }
+    }
+
+    /// The mill closed `conn`.
+    pub fn mill_closed(&mut self, conn: ConnId) {
+        if self.byz_pending.is_some() {
+            self.step_closed.push(conn);
+        }
+    }
+
+    /// I8 (M28, DESIGN §8): a message of misbehaving executor `exec` reaches the mill on
+    /// `conn`, tagged by its filter. Works out, from the mill's state before the step, which
+    /// violation the mill must find in it (if any: a replay, an answer to an ask already over
+    /// or a batch the cursor makes legal owe nothing), for [`Checker::byz_step_done`] to
+    /// check. Returns a coverage path the delivery reached.
+    pub fn byz_received(
+        &mut self,
+        w: &World,
+        exec: usize,
+        conn: ConnId,
+        msg: &ToMill,
+        tag: Expect,
+    ) -> Option<Path> {
+        let m = w.mill.as_ref()?;
+        let node = &w.execs[exec].node;
+        let kind = match (tag, msg) {
+            (Expect::Always(kind), _) => Some(kind),
+            (Expect::Batch { kind, bad }, ToMill::EventBatch { epoch, events }) => {
+                batch_violation(m.cursor(node, *epoch), events, kind, &bad)
+            }
+            (Expect::Answer { kind, lease }, _) => {
+                let open = m.is_ask(lease) && m.stray(lease).is_none();
+                let asked_here = w.leases.get(&lease).is_some_and(|l| l.exec == exec);
+                match (open, asked_here, kind) {
+                    (false, _, _) => None,
+                    (true, false, _) => Some(ViolationKind::UnaskedReserveResult),
+                    (true, true, ViolationKind::BadResources) => Some(kind),
+                    (true, true, _) => None,
+                }
+            }
+            (Expect::Replay(seqno), ToMill::EventBatch { epoch, .. }) => {
+                // M20: dropped, still acked; I4 (`applied`) sees it applied if it is not.
+                return (m.cursor(node, *epoch) == seqno).then_some(Path::ReplayAtCursor);
+            }
+            _ => None,
+        }?;
+        self.byz_pending = Some(ByzPending {
+            exec,
+            conn,
+            kind,
+            what: describe(msg),
+        });
+        self.step_violations.clear();
+        self.step_closed.clear();
+        let repeat = w.execs[exec].spec.byzantine == Some(ByzKind::SnapshotRepeat);
+        Some(if repeat && kind == ViolationKind::SnapshotRegression {
+            Path::SnapshotRepeatRefused
+        } else {
+            Path::ViolationReceived
+        })
+    }
+
+    /// I8: the mill's step over a violating message is done: it must have observed that
+    /// violation (the same kind) for the node and closed the connection, so nothing later on
+    /// it is applied (M28).
+    pub fn byz_step_done(&mut self, w: &World) -> Result<(), Violation> {
+        let Some(p) = self.byz_pending.take() else {
+            return Ok(());
+        };
+        let violations = std::mem::take(&mut self.step_violations);
+        let closed = std::mem::take(&mut self.step_closed);
+        if w.mill.is_none() {
+            return Ok(()); // crashed within the step: its outputs were cut short
+        }
+        let node = &w.execs[p.exec].node;
+        let seen = violations.iter().any(|(n, k)| n == node && *k == p.kind);
+        if seen && closed.contains(&p.conn) {
+            return Ok(());
+        }
+        let did: Vec<String> = violations
+            .iter()
+            .map(|(n, k)| format!("{n}: {k}"))
+            .collect();
+        fail(
+            "I8",
+            format!(
+                "x{} ({}) sent {} on {}: a {} violation ({}), yet the mill accepted it (violations observed: {did:?}; closed {:?})",
+                p.exec,
+                w.execs[p.exec].spec.byzantine.map_or("", |k| k.name()),
+                p.what,
+                p.conn,
+                p.kind,
+                Expect::rule(p.kind),
+                closed
+            ),
+        )
+    }
+
+    /// I4 (M20): the mill applied `events` events of a batch, seqnos `first..=last`, on
+    /// `conn`. Applied seqnos run exactly old cursor + 1 ..= new cursor, each once: a replay
+    /// (seqno ≤ cursor) is never applied.
+    pub fn applied(
+        &mut self,
+        w: &World,
+        conn: ConnId,
+        epoch: Epoch,
+        (first, last, events): (Seqno, Seqno, u64),
+    ) -> Result<(), Violation> {
+        let Some(exec) = w.exec_of_conn(conn) else {
+            return Ok(());
+        };
+        let moved = self.cursor_move.take();
+        let ok = moved.is_some_and(|(x, e, from, to)| {
+            x == exec
+                && e == epoch
+                && first == from.next()
+                && last == to
+                && events == to.get() - from.get()
+        });
+        if ok {
+            return Ok(());
+        }
+        let how = match moved {
+            Some((x, e, from, to)) if x == exec && e == epoch => {
+                format!("its cursor moved {from} → {to}")
+            }
+            _ => format!("its cursor stayed at {}", self.cursor(exec, epoch)),
+        };
+        fail(
+            "I4",
+            format!(
+                "x{exec} {epoch}: the mill applied {events} events {first}..={last} on {conn}, but {how}: applied seqnos must be exactly cursor+1..=new cursor, each once (M20: a replay is dropped)"
+            ),
+        )
     }
 
     // ---- executors -----------------------------------------------------------------------
@@ -1826,7 +2035,7 @@ impl Checker {
                 );
             }
             let quarantined = mill.quarantined().contains(&p.node);
-            if !p.honest() && !quarantined {
+            if p.violator() && !quarantined {
                 return fail(
                     "I8",
                     format!(
@@ -1835,8 +2044,8 @@ impl Checker {
                     ),
                 );
             }
-            if p.honest() && quarantined {
-                return fail("I8", format!("honest x{i} was quarantined"));
+            if !p.violator() && quarantined {
+                return fail("I8", format!("x{i}, no violator, was quarantined"));
             }
             if p.honest() && !p.store.outbox.is_empty() {
                 return fail(
@@ -1882,4 +2091,40 @@ fn dur(d: std::time::Duration) -> Micros {
 /// Seconds, for bounds in messages.
 pub fn bound_secs(m: Micros) -> u64 {
     m / SEC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seqno: u64) -> Event {
+        Event {
+            seqno: Seqno(seqno),
+            lease: LeaseId(1),
+            kind: EventKind::Running,
+        }
+    }
+
+    /// I8's judge of a tagged batch follows M20's order against the mill's cursor.
+    #[test]
+    fn batch_violation_judges_against_the_cursor() {
+        let bad = ViolationKind::BadLogRef;
+        // A gap only counts where the batch's first new event is not cursor + 1.
+        assert_eq!(
+            batch_violation(Seqno(3), &[ev(5)], bad, &[]),
+            Some(ViolationKind::SeqnoGap)
+        );
+        assert_eq!(batch_violation(Seqno(4), &[ev(4), ev(5)], bad, &[]), None);
+        // Disorder is found before anything else, replays included.
+        assert_eq!(
+            batch_violation(Seqno(9), &[ev(2), ev(2)], bad, &[Seqno(2)]),
+            Some(ViolationKind::SeqnoOrder)
+        );
+        // A bad event owes its own kind only when it is new.
+        assert_eq!(batch_violation(Seqno(5), &[ev(5)], bad, &[Seqno(5)]), None);
+        assert_eq!(
+            batch_violation(Seqno(4), &[ev(4), ev(5)], bad, &[Seqno(5)]),
+            Some(bad)
+        );
+    }
 }

@@ -86,11 +86,21 @@ pub enum Path {
     /// A re-bid charged a different amount of a resource the job's owner or repo has a quota
     /// limit on (M14, M15).
     ChargeChangeOnLimitedResource,
+    /// A misbehaving executor's violating message reached the mill, which owed a closure for
+    /// it (I8, M28).
+    ViolationReceived,
+    /// A snapshot repeating the session's previous seqno reached the mill (M7).
+    SnapshotRepeatRefused,
+    /// A replay of the event at the mill's cursor reached the mill (M20).
+    ReplayAtCursor,
+    /// An executor dropped a lease the mill had seen running and came back with its epoch
+    /// (M8).
+    LeaseDroppedSameEpoch,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 33] = [
+    pub const ALL: [Path; 37] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -124,6 +134,10 @@ impl Path {
         Path::EventNearGraceExpiry,
         Path::CancelEndedByDeadline,
         Path::ChargeChangeOnLimitedResource,
+        Path::ViolationReceived,
+        Path::SnapshotRepeatRefused,
+        Path::ReplayAtCursor,
+        Path::LeaseDroppedSameEpoch,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -184,6 +198,10 @@ impl Path {
             Path::EventNearGraceExpiry => "event applied in recovery just before grace expiry",
             Path::CancelEndedByDeadline => "cancel ended by deadline, engine never stopped",
             Path::ChargeChangeOnLimitedResource => "re-bid changed a quota-limited charge",
+            Path::ViolationReceived => "violating message received (closure owed)",
+            Path::SnapshotRepeatRefused => "snapshot repeating its seqno received",
+            Path::ReplayAtCursor => "replay of the event at the cursor received",
+            Path::LeaseDroppedSameEpoch => "executor dropped a running lease, same epoch",
         }
     }
 
@@ -223,6 +241,10 @@ impl Path {
             Path::EventNearGraceExpiry => "event-near-grace-expiry",
             Path::CancelEndedByDeadline => "cancel-ended-by-deadline",
             Path::ChargeChangeOnLimitedResource => "charge-change-on-limited-resource",
+            Path::ViolationReceived => "violation-received",
+            Path::SnapshotRepeatRefused => "snapshot-repeat-refused",
+            Path::ReplayAtCursor => "replay-at-cursor",
+            Path::LeaseDroppedSameEpoch => "lease-dropped-same-epoch",
         }
     }
 

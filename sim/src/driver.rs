@@ -991,6 +991,7 @@ impl Sim {
                 }
             }
             MillOutput::Close { conn, .. } => {
+                self.c.mill_closed(conn);
                 let Some(c) = self.w.net.conns.get_mut(&conn) else {
                     return;
                 };
@@ -1015,18 +1016,19 @@ impl Sim {
                     self.cov.hit(Path::Quarantine);
                     self.c.quarantine_observed(&node);
                     if let Some(i) = self.w.exec_of(&node) {
-                        if self.w.execs[i].honest() {
+                        if !self.w.execs[i].violator() {
                             self.violate(Violation {
                                 rule: "I8",
-                                message: format!("honest {node} was quarantined"),
+                                message: format!("{node}, no violator, was quarantined"),
                             });
                         }
                     }
                 }
                 Observation::Violation { node, kind, reason } => {
                     self.stats.violations += 1;
+                    self.c.violation_observed(&node, kind);
                     if let Some(i) = self.w.exec_of(&node) {
-                        if self.w.execs[i].honest() {
+                        if !self.w.execs[i].violator() {
                             self.violate(Violation {
                                 rule: "I8",
                                 message: format!(
@@ -1038,6 +1040,16 @@ impl Sim {
                 }
                 Observation::Placed { job, latency, .. } => {
                     self.times.placed(job, now, latency);
+                }
+                Observation::Applied {
+                    conn,
+                    epoch,
+                    first,
+                    last,
+                    events,
+                } => {
+                    let r = self.c.applied(&self.w, conn, epoch, (first, last, events));
+                    self.check(r);
                 }
                 Observation::Refused { .. } => {}
             },
@@ -1275,6 +1287,16 @@ impl Sim {
                     Some(b) => b.outgoing(now, conn, msg, &ctx, &mut self.byz),
                     None => vec![msg],
                 };
+                // A lease-dropping executor loses its lease in a crash at its next step.
+                let p = &mut self.w.execs[i];
+                if p.byz.as_ref().is_some_and(|b| b.wants_drop()) && p.crash.is_none() {
+                    p.crash = Some(CrashPlan {
+                        wipe: false,
+                        down: self.byz.range(SEC, 5 * SEC),
+                        silent: false,
+                        at_commit: false,
+                    });
+                }
                 for m in msgs {
                     let payload = self.encode_up(m);
                     if let Some(at) = self.w.net.push(now, conn, true, Packet::Msg(payload)) {
@@ -1596,6 +1618,11 @@ impl Sim {
                 }
             }
             Packet::Msg(payload) => {
+                // What the misbehaving executor's filter said of this message (I8 counts it).
+                let tag = self.w.execs[exec]
+                    .byz
+                    .as_mut()
+                    .and_then(|b| b.delivered(conn));
                 if !(c.mill_open && mill_up && c.mill_inc == inc) {
                     return;
                 }
@@ -1655,7 +1682,14 @@ impl Sim {
                     }
                     _ => self.ctx.kind = StepKind::Other,
                 }
+                if let Some(tag) = tag {
+                    if let Some(path) = self.c.byz_received(&self.w, exec, conn, &msg, tag) {
+                        self.cov.hit(path);
+                    }
+                }
                 self.mill_input(MillInput::Message { conn, msg });
+                let r = self.c.byz_step_done(&self.w);
+                self.check(r);
                 if let Some((node, epoch, before)) = near_grace {
                     let after = self.w.mill.as_ref().map(|m| m.cursor(&node, epoch));
                     if after.is_some_and(|a| a > before) {
@@ -1996,6 +2030,16 @@ impl Sim {
         p.connecting = None;
         self.held[i + 1] = None;
         let p = &mut self.w.execs[i];
+        // A lease-dropping executor forgets one running lease, epoch kept (M8 must fail it).
+        if let Some(b) = p.byz.as_mut() {
+            if let Some(lease) = b.take_drop(p.store.epoch, &p.store.jobs, &p.store.outbox) {
+                p.store.jobs.remove(&lease);
+                self.cov.hit(Path::LeaseDroppedSameEpoch);
+                self.trace
+                    .line(now, &name, |s| s.push_str(&format!("!! drops {lease}")));
+            }
+        }
+        let p = &mut self.w.execs[i];
         let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
         if !killed.is_empty() {
             self.cov.hit(Path::ExecCrashWithRunningJobs);
@@ -2147,7 +2191,7 @@ impl Sim {
                 x.reserved_leases().next().is_none()
                     && x.running_leases().next().is_none()
                     && (quarantined || p.store.outbox.is_empty())
-                    && (p.honest() || quarantined)
+                    && (!p.violator() || quarantined)
             }) && p.engine.is_empty()
         })
     }
@@ -2232,7 +2276,7 @@ impl Sim {
                                 x.is_ready()
                             ));
                         }
-                        if !p.honest() && !q {
+                        if p.violator() && !q {
                             detail.push_str(&format!(" misbehaving x{i} not quarantined;"));
                         }
                     }

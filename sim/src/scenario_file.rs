@@ -856,11 +856,11 @@ fn build_fleet(cx: &Ctx<'_>, groups: &[GroupDoc]) -> Result<Vec<ExecTemplate>, L
         let byzantine = match &g.byzantine {
             None => None,
             Some(b) => Some(
-                ByzKind::ALL
+                ByzKind::NAMED
                     .into_iter()
                     .find(|x| x.name() == b.get_ref())
                     .ok_or_else(|| {
-                        let known: Vec<&str> = ByzKind::ALL.iter().map(|x| x.name()).collect();
+                        let known: Vec<&str> = ByzKind::NAMED.iter().map(|x| x.name()).collect();
                         cx.err(
                             Some(&b.span()),
                             field("byzantine"),

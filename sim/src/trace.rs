@@ -400,6 +400,15 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
                 Observation::Refused { conn, reason } => {
                     let _ = write!(s, "refused {conn} {reason:?}");
                 }
+                Observation::Applied {
+                    conn,
+                    epoch,
+                    first,
+                    last,
+                    events,
+                } => {
+                    let _ = write!(s, "applied {conn} {epoch} {first}..={last} ({events})");
+                }
                 Observation::Rare(p) => {
                     let _ = write!(s, "rare {}", crate::coverage::rare_name(*p));
                 }

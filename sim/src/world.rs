@@ -86,9 +86,16 @@ pub struct ExecProc {
 }
 
 impl ExecProc {
-    /// True for an executor that follows the protocol.
+    /// True for an executor that follows the protocol (a `replay-at-cursor` one does: M20
+    /// makes replays legal).
     pub fn honest(&self) -> bool {
-        self.spec.byzantine.is_none()
+        self.spec.byzantine.is_none_or(|k| k.legal())
+    }
+
+    /// True for an executor that commits protocol violations: it must end quarantined (M28);
+    /// any other must never be charged with a violation or quarantined (I8).
+    pub fn violator(&self) -> bool {
+        self.spec.byzantine.is_some_and(|k| k.violates())
     }
 }
 

@@ -249,6 +249,9 @@ fn i11_cancels_survive_mill_and_executor_restarts_on_the_seeds_that_found_the_ga
     assert!(
         restart_cancelled,
         "smoke 2: no executor restart ended an acked cancel's job Cancelled"
+    );
+}
+
 #[test]
 fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
     // Issue 19: the old liveness wall failed this seed (693 s after the heal) while x3, the

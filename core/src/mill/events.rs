@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use super::terminals::TerminalMemory;
-use super::{reason, LeaseState, Mill, MillWrite, ViolationKind};
+use super::{reason, LeaseState, Mill, MillWrite, Observation, ViolationKind};
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{Epoch, LeaseId, NodeId, Seqno};
 use crate::wire::{self, EndCause, Event, EventKind, ToExecutor};
@@ -51,6 +51,8 @@ impl Mill {
         let mut memory = self.terminals.remove(&key).unwrap_or_default();
         memory.reserve(new, bound);
         let mut up_to = cursor;
+        let mut first = None;
+        let mut count = 0u64;
         let mut applied_any = false;
         let mut worked = false;
         for event in events {
@@ -58,6 +60,8 @@ impl Mill {
                 continue; // M20: a replay, dropped
             }
             up_to = event.seqno;
+            first.get_or_insert(event.seqno);
+            count += 1;
             applied_any = true;
             worked |= self.apply_event(node, epoch, event, &mut memory, bound);
         }
@@ -82,6 +86,15 @@ impl Mill {
         }
         if up_to > cursor {
             self.reconcile_if_caught_up(node);
+        }
+        if let Some(first) = first {
+            self.observe(Observation::Applied {
+                conn,
+                epoch,
+                first,
+                last: up_to,
+                events: count,
+            });
         }
         // M20, M23: acked after the persist, replays included.
         self.send(conn, ToExecutor::Ack { epoch, up_to });

@@ -162,6 +162,22 @@ pub enum Observation {
         /// What it did, for people (never matched on).
         reason: String,
     },
+    /// An event batch's events were applied (M20, M23): `events` of them, the first with
+    /// seqno `first` and the last with `last`. Only events above the cursor are applied, each
+    /// once, so a correct mill reports `first` = old cursor + 1, `last` = the new cursor and
+    /// `events` = `last − first + 1` (the simulator's I4 counts them).
+    Applied {
+        /// The session's connection (a copy, not the node id: one per batch, kept cheap).
+        conn: ConnId,
+        /// The batch's epoch.
+        epoch: Epoch,
+        /// The first event applied.
+        first: Seqno,
+        /// The last event applied.
+        last: Seqno,
+        /// How many were applied.
+        events: u64,
+    },
     /// A node was quarantined (M28).
     Quarantined {
         /// The executor.

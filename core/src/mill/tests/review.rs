@@ -392,6 +392,7 @@ impl Chaos {
                             Observation::Violation { .. } => "violation".to_string(),
                             Observation::Quarantined { .. } => "quarantined".to_string(),
                             Observation::Refused { .. } => "refused".to_string(),
+                            Observation::Applied { .. } => "applied".to_string(),
                             Observation::Rare(p) => format!("{p:?}"),
                         };
                         *self.seen.entry(kind).or_insert(0) += 1;
