@@ -86,11 +86,25 @@ pub enum Path {
     /// A re-bid charged a different amount of a resource the job's owner or repo has a quota
     /// limit on (M14, M15).
     ChargeChangeOnLimitedResource,
+    /// The mill closed the session of an executor whose process was hung (connection open,
+    /// nothing sent): its own silence check did it, M9.
+    HangClosedBySilence,
+    /// A `CommitLease` went again, on the same live connection, to an executor whose process
+    /// was hung: the first was unanswered within `bid_timeout` (M17).
+    HangCommitResent,
+    /// A hung executor resumed with a deadline already past: its late timers ran first (E12).
+    HangResumedLate,
+    /// The mill closed the session of an executor whose host died for good without a FIN:
+    /// only its silence check could (M9).
+    LostHostClosedBySilence,
+    /// A lease ended "executor lost" on a node whose process had been away since before the
+    /// mill's last restart: the restored placeholder session's grace ended it (M29, M5).
+    RestoredGraceEndedLeases,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 33] = [
+    pub const ALL: [Path; 38] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -124,6 +138,11 @@ impl Path {
         Path::EventNearGraceExpiry,
         Path::CancelEndedByDeadline,
         Path::ChargeChangeOnLimitedResource,
+        Path::HangClosedBySilence,
+        Path::HangCommitResent,
+        Path::HangResumedLate,
+        Path::LostHostClosedBySilence,
+        Path::RestoredGraceEndedLeases,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -184,6 +203,13 @@ impl Path {
             Path::EventNearGraceExpiry => "event applied in recovery just before grace expiry",
             Path::CancelEndedByDeadline => "cancel ended by deadline, engine never stopped",
             Path::ChargeChangeOnLimitedResource => "re-bid changed a quota-limited charge",
+            Path::HangClosedBySilence => {
+                "hung executor's session closed by the mill's silence check"
+            }
+            Path::HangCommitResent => "commit re-sent to a hung executor on a live session",
+            Path::HangResumedLate => "hung executor resumed with late timers",
+            Path::LostHostClosedBySilence => "lost host's session closed by silence",
+            Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
         }
     }
 
@@ -223,6 +249,11 @@ impl Path {
             Path::EventNearGraceExpiry => "event-near-grace-expiry",
             Path::CancelEndedByDeadline => "cancel-ended-by-deadline",
             Path::ChargeChangeOnLimitedResource => "charge-change-on-limited-resource",
+            Path::HangClosedBySilence => "hang-closed-by-silence",
+            Path::HangCommitResent => "hang-commit-resent",
+            Path::HangResumedLate => "hang-resumed-late",
+            Path::LostHostClosedBySilence => "lost-host-closed-by-silence",
+            Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
         }
     }
 

@@ -81,6 +81,8 @@ enum Ev {
     Heal,
     Sample,
     Deadline,
+    /// A hung executor's process resumes (`Fault::Hang`).
+    Resume(usize),
     /// A held `Tick` is due to be released (driver lag, I12).
     LagRelease {
         slot: usize,
@@ -214,6 +216,10 @@ pub struct Sim {
     cancels_while_down: BTreeSet<LeaseId>,
     /// The charge of each job's latest accepted bid, as the mill received it.
     last_charge: BTreeMap<JobId, Resources>,
+    /// When the mill last received a message on each connection (M9 coverage).
+    last_up: BTreeMap<ConnId, Micros>,
+    /// (connection, lease): each `CommitLease` the mill sent (M17 coverage).
+    commits_sent: BTreeSet<(ConnId, LeaseId)>,
 }
 
 fn t(m: Micros) -> Time {
@@ -288,6 +294,10 @@ impl Sim {
                 restart_at: None,
                 held_before: Default::default(),
                 outbox_before: None,
+                lost: false,
+                hung_until: None,
+                deferred: Default::default(),
+                away_since_inc: None,
             });
         }
         let bounds = Bounds {
@@ -354,6 +364,8 @@ impl Sim {
             lost_commits: Vec::new(),
             cancels_while_down: BTreeSet::new(),
             last_charge: BTreeMap::new(),
+            last_up: BTreeMap::new(),
+            commits_sent: BTreeSet::new(),
         }
     }
 
@@ -570,6 +582,11 @@ impl Sim {
                 self.at(now + SAMPLE, Ev::Sample);
             }
             Ev::Deadline => self.stuck(),
+            Ev::Resume(i) => {
+                if self.w.execs[i].hung_until.is_some_and(|u| u <= now) {
+                    self.resume(i);
+                }
+            }
             Ev::LagRelease { slot, gen } => {
                 if self.held[slot].is_some_and(|h| h.gen == gen) {
                     self.release_tick(slot);
@@ -924,6 +941,9 @@ impl Sim {
                     {
                         self.times
                             .terminal(*job, now, t.status == TerminalStatus::Success);
+                        if t.cause == Some(TerminalCause::ExecutorLost) {
+                            self.note_lost_while_away(t.node.as_ref());
+                        }
                         // Coverage by cause, never by the text beside it.
                         if t.status == TerminalStatus::Timeout {
                             self.cov.hit(Path::JobTimeout);
@@ -949,6 +969,16 @@ impl Sim {
             MillOutput::Send { conn, msg } => {
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
+                if let ToExecutor::CommitLease { lease, .. } = &msg {
+                    let again = !self.commits_sent.insert((conn, *lease));
+                    let hung = self
+                        .w
+                        .exec_of_conn(conn)
+                        .is_some_and(|i| self.w.execs[i].hung_until.is_some());
+                    if again && hung {
+                        self.cov.hit(Path::HangCommitResent);
+                    }
+                }
                 if let ToExecutor::CancelAttempt { lease, .. } = &msg {
                     if self.cancels_while_down.remove(lease) {
                         self.cov.hit(Path::CancelResentAfterReconnect);
@@ -980,6 +1010,7 @@ impl Sim {
                 }
             }
             MillOutput::Close { conn, .. } => {
+                self.note_silent_close(conn);
                 let Some(c) = self.w.net.conns.get_mut(&conn) else {
                     return;
                 };
@@ -1078,6 +1109,22 @@ impl Sim {
 
     fn exec_input(&mut self, i: usize, input: ExecutorInput) {
         let now = self.w.now;
+        if self.w.execs[i].hung_until.is_some() {
+            // A stopped process handles nothing: its socket buffers and its engine's
+            // reports wait until it resumes (`resume`).
+            if self.w.execs[i].exec.is_some() && !matches!(input, ExecutorInput::Tick) {
+                self.w.execs[i].deferred.push_back(input);
+            }
+            return;
+        }
+        if let ExecutorInput::Message {
+            msg: ToExecutor::CancelAttempt { lease, .. },
+            ..
+        } = &input
+        {
+            // Reached it: the executor handles it now (a hung one only when it resumes).
+            self.c.cancel_delivered(i, *lease, now);
+        }
         // No pre-tick: the executor runs its due timers inside `handle` (the node's driver
         // hands it inputs the same way, and ticks only after a batch), so a step may hold
         // the timers' outputs and the input's — group-committed below as the node does.
@@ -1597,6 +1644,7 @@ impl Sim {
                     }
                     Payload::ToExec(_) => return,
                 };
+                self.last_up.insert(conn, now);
                 let mut near_grace = None;
                 match &msg {
                     ToMill::EventBatch { epoch, events } => {
@@ -1710,9 +1758,6 @@ impl Sim {
                 };
                 if let Some(b) = self.w.execs[exec].byz.as_mut() {
                     b.incoming(now, conn, &msg, &mut self.byz);
-                }
-                if let ToExecutor::CancelAttempt { lease, .. } = &msg {
-                    self.c.cancel_delivered(exec, *lease, now);
                 }
                 self.exec_input(exec, ExecutorInput::Message { conn, msg });
             }
@@ -1866,6 +1911,31 @@ impl Sim {
                     max_inputs,
                 });
             }
+            Fault::Hang { exec, until } => {
+                let p = &mut self.w.execs[exec];
+                if p.exec.is_some() && p.hung_until.is_none() && !p.lost {
+                    p.hung_until = Some(until);
+                    p.away_since_inc = Some(self.w.mill_inc);
+                    self.at(until, Ev::Resume(exec));
+                }
+            }
+            Fault::Lose { exec } => {
+                let p = &mut self.w.execs[exec];
+                if !p.lost {
+                    p.lost = true;
+                    p.restart_at = None;
+                    p.crash = None;
+                    if p.exec.is_some() {
+                        let plan = CrashPlan {
+                            wipe: false,
+                            down: 0,
+                            silent: true,
+                            at_commit: false,
+                        };
+                        self.crash_exec(exec, plan);
+                    }
+                }
+            }
             Fault::CrashMill { down, silent } => {
                 if self.w.mill.is_some() && self.w.mill_crash.is_none() {
                     self.w.mill_crash = Some(CrashPlan {
@@ -1968,9 +2038,13 @@ impl Sim {
             ))
         });
         watch::exec_crashes(&self.w, i, &mut self.cov);
+        let inc = self.w.mill_inc;
         let p = &mut self.w.execs[i];
         p.exec = None;
         p.inc += 1;
+        p.hung_until = None;
+        p.deferred.clear();
+        p.away_since_inc.get_or_insert(inc);
         p.tick_at = None;
         p.connecting = None;
         self.held[i + 1] = None;
@@ -2002,15 +2076,86 @@ impl Sim {
             }
         }
         self.send_fins(now, fins, true);
+        if self.w.execs[i].lost {
+            return; // never back
+        }
         let back = now + plan.down;
         self.w.execs[i].restart_at = Some(back);
         self.at(back, Ev::Restart(Proc::Exec(i)));
+    }
+
+    /// A hung executor's process resumes: its late timers run first (inside the first
+    /// input it handles, or a `Tick`), then every input that waited, in order (E12, M9).
+    fn resume(&mut self, i: usize) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[i];
+        p.hung_until = None;
+        p.away_since_inc = None;
+        let late = p
+            .exec
+            .as_ref()
+            .and_then(|x| x.next_deadline())
+            .is_some_and(|d| d.as_micros() < now);
+        if late {
+            self.cov.hit(Path::HangResumedLate);
+        }
+        let name = self.names[i + 1].clone();
+        self.trace
+            .line(now, &name, |s| s.push_str("!! resumes (was hung)"));
+        self.exec_input(i, ExecutorInput::Tick);
+        while let Some(input) = self.w.execs[i].deferred.pop_front() {
+            if self.w.execs[i].exec.is_none() || self.failure.is_some() {
+                break;
+            }
+            self.exec_input(i, input);
+        }
+        self.w.execs[i].deferred.clear();
+        self.schedule_exec_tick(i);
+    }
+
+    /// The mill closes `conn`: counts it when the mill had heard nothing on it for
+    /// `silence_timeout` and the executor behind it is hung or lost for good — its own
+    /// silence check (M9) is what closed it.
+    fn note_silent_close(&mut self, conn: ConnId) {
+        let Some(i) = self.w.exec_of_conn(conn) else {
+            return;
+        };
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        let quiet = self
+            .last_up
+            .get(&conn)
+            .is_none_or(|at| self.w.now.saturating_sub(*at) >= silence);
+        if !quiet {
+            return;
+        }
+        let p = &self.w.execs[i];
+        if p.hung_until.is_some() {
+            self.cov.hit(Path::HangClosedBySilence);
+        } else if p.lost {
+            self.cov.hit(Path::LostHostClosedBySilence);
+        }
+    }
+
+    /// The mill recorded "executor lost" for a lease of `node`: counts it when the node's
+    /// process has been away since before the mill's last restart, so the restored
+    /// placeholder session's grace is what ended it (M29, M5).
+    fn note_lost_while_away(&mut self, node: Option<&NodeId>) {
+        let Some(i) = node.and_then(|n| self.w.exec_of(n)) else {
+            return;
+        };
+        if self.w.execs[i]
+            .away_since_inc
+            .is_some_and(|inc| inc < self.w.mill_inc)
+        {
+            self.cov.hit(Path::RestoredGraceEndedLeases);
+        }
     }
 
     fn start_exec(&mut self, i: usize) {
         let now = self.w.now;
         let p = &mut self.w.execs[i];
         p.restart_at = None;
+        p.away_since_inc = None;
         p.cfg.backoff_seed = self.process.next_u64();
         let restarted = p.inc > 0;
         let x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
@@ -2087,7 +2232,10 @@ impl Sim {
         }
         for i in 0..self.w.execs.len() {
             self.w.execs[i].crash = None;
-            if self.w.execs[i].exec.is_none() {
+            if self.w.execs[i].hung_until.is_some() {
+                self.resume(i);
+            }
+            if self.w.execs[i].exec.is_none() && !self.w.execs[i].lost {
                 self.start_exec(i);
             }
         }
@@ -2119,7 +2267,7 @@ impl Sim {
             .w
             .execs
             .iter()
-            .filter(|p| p.honest())
+            .filter(|p| p.honest() && !p.lost)
             .map(|p| p.cfg.total_capacity())
             .sum::<u64>()
             .max(1);
@@ -2162,6 +2310,9 @@ impl Sim {
             return false;
         }
         w.execs.iter().all(|p| {
+            if p.lost {
+                return p.exec.is_none() && p.engine.is_empty();
+            }
             let quarantined = mill.quarantined().contains(&p.node);
             p.exec.as_ref().is_some_and(|x| {
                 x.reserved_leases().next().is_none()

@@ -269,6 +269,8 @@ struct FaultDoc {
     down: Option<Dur>,
     at_commit: Option<bool>,
     lag: Option<Spanned<String>>,
+    hang: Option<Spanned<String>>,
+    lose: Option<Spanned<String>>,
     max_delay: Option<Spanned<Dur>>,
     max_inputs: Option<Spanned<u32>>,
 }
@@ -935,8 +937,9 @@ fn fault_end(at: Micros, f: &Fault) -> Micros {
         Fault::Partition { until, .. }
         | Fault::Clog { until, .. }
         | Fault::Spike { until, .. }
-        | Fault::Lag { until, .. } => *until,
-        Fault::Reset { .. } => at,
+        | Fault::Lag { until, .. }
+        | Fault::Hang { until, .. } => *until,
+        Fault::Reset { .. } | Fault::Lose { .. } => at,
         Fault::CrashExec { down, .. } | Fault::CrashMill { down, .. } => at + down,
     }
 }
@@ -973,6 +976,8 @@ fn build_fault(
         f.wipe.is_some(),
         f.flap.is_some(),
         f.lag.is_some(),
+        f.hang.is_some(),
+        f.lose.is_some(),
     ]
     .iter()
     .filter(|x| **x)
@@ -982,7 +987,7 @@ fn build_fault(
             Some(span),
             format!("faults.script[{k}]"),
             format!(
-                "name exactly one of partition, clog, spike, reset, crash, wipe, flap, lag ({actions} given)"
+                "name exactly one of partition, clog, spike, reset, crash, wipe, flap, lag, hang, lose ({actions} given)"
             ),
         ));
     }
@@ -1110,6 +1115,19 @@ fn build_fault(
                 until,
                 max_delay,
                 max_inputs,
+            },
+        )]);
+    }
+    if let Some(n) = &f.hang {
+        let exec = exec(n, "hang")?;
+        let until = at + length("hang")?;
+        return Ok(vec![(at, Fault::Hang { exec, until })]);
+    }
+    if let Some(n) = &f.lose {
+        return Ok(vec![(
+            at,
+            Fault::Lose {
+                exec: exec(n, "lose")?,
             },
         )]);
     }
