@@ -100,11 +100,13 @@ pub enum Path {
     /// A lease ended "executor lost" on a node whose process had been away since before the
     /// mill's last restart: the restored placeholder session's grace ended it (M29, M5).
     RestoredGraceEndedLeases,
+    /// A second process claiming a node id was refused (M2).
+    TwinRefused,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 38] = [
+    pub const ALL: [Path; 39] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -143,6 +145,7 @@ impl Path {
         Path::HangResumedLate,
         Path::LostHostClosedBySilence,
         Path::RestoredGraceEndedLeases,
+        Path::TwinRefused,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -210,6 +213,7 @@ impl Path {
             Path::HangResumedLate => "hung executor resumed with late timers",
             Path::LostHostClosedBySilence => "lost host's session closed by silence",
             Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
+            Path::TwinRefused => "second process with a live node's id refused",
         }
     }
 
@@ -254,6 +258,7 @@ impl Path {
             Path::HangResumedLate => "hang-resumed-late",
             Path::LostHostClosedBySilence => "lost-host-closed-by-silence",
             Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
+            Path::TwinRefused => "twin-refused",
         }
     }
 

@@ -83,6 +83,8 @@ enum Ev {
     Deadline,
     /// A hung executor's process resumes (`Fault::Hang`).
     Resume(usize),
+    /// A twin process is stopped for good (`Fault::Twin`).
+    TwinStop(usize),
     /// A held `Tick` is due to be released (driver lag, I12).
     LagRelease {
         slot: usize,
@@ -220,6 +222,10 @@ pub struct Sim {
     last_up: BTreeMap<ConnId, Micros>,
     /// (connection, lease): each `CommitLease` the mill sent (M17 coverage).
     commits_sent: BTreeSet<(ConnId, LeaseId)>,
+    /// Plan index of each `Fault::Twin` → the twin's process index.
+    twin_of_fault: BTreeMap<usize, usize>,
+    /// Connections the mill welcomed (M2).
+    welcomed: BTreeSet<ConnId>,
 }
 
 fn t(m: Micros) -> Time {
@@ -298,8 +304,47 @@ impl Sim {
                 hung_until: None,
                 deferred: Default::default(),
                 away_since_inc: None,
+                twin_of: None,
             });
         }
+        // Twins (`Fault::Twin`), one process each, after the fleet, in plan order.
+        let mut twin_of_fault = BTreeMap::new();
+        for (k, (_, f)) in plan.faults.faults.iter().enumerate() {
+            let Fault::Twin { exec, .. } = f else {
+                continue;
+            };
+            let Some(first) = execs.get(*exec) else {
+                continue;
+            };
+            let mut cfg = first.cfg.clone();
+            cfg.backoff_seed = process.next_u64();
+            let epoch = Epoch(process.range(1, u64::MAX / 2));
+            let p = ExecProc {
+                spec: first.spec.clone(),
+                node: first.node.clone(),
+                cfg,
+                exec: None,
+                store: ExecutorSnapshot::fresh(epoch),
+                inc: 0,
+                tick_at: None,
+                crash: None,
+                byz: None,
+                connecting: None,
+                engine: BTreeMap::new(),
+                restart_at: None,
+                held_before: Default::default(),
+                outbox_before: None,
+                lost: true,
+                hung_until: None,
+                deferred: Default::default(),
+                away_since_inc: None,
+                twin_of: Some(*exec),
+            };
+            twin_of_fault.insert(k, execs.len());
+            execs.push(p);
+        }
+        let fleet_len = n;
+        let n = execs.len();
         let bounds = Bounds {
             stop: dur(mill_cfg.reconnect_grace) + dur(mill_cfg.silence_timeout) + 5 * SEC,
             starve: 2 * dur(mill_cfg.bid_timeout) + 2 * dur(mill_cfg.snapshot_interval) + 5 * SEC,
@@ -330,7 +375,10 @@ impl Sim {
             snapshot_delivered: vec![None; n],
         };
         let mut names = vec!["mill".to_string()];
-        names.extend((0..n).map(|i| format!("x{i}")));
+        names.extend((0..fleet_len).map(|i| format!("x{i}")));
+        for p in &w.execs[fleet_len..] {
+            names.push(format!("x{}-twin", p.twin_of.unwrap_or(0)));
+        }
         Sim {
             w,
             c: Checker::new(bounds),
@@ -366,6 +414,8 @@ impl Sim {
             last_charge: BTreeMap::new(),
             last_up: BTreeMap::new(),
             commits_sent: BTreeSet::new(),
+            twin_of_fault,
+            welcomed: BTreeSet::new(),
         }
     }
 
@@ -414,7 +464,9 @@ impl Sim {
         }
         self.after_mill_step();
         for i in 0..self.w.execs.len() {
-            self.start_exec(i);
+            if self.w.execs[i].twin_of.is_none() {
+                self.start_exec(i);
+            }
         }
         for k in 0..self.w.workload.arrivals.len() {
             let at = self.w.workload.arrivals[k].0;
@@ -522,6 +574,11 @@ impl Sim {
             Ev::Fault(k) => {
                 if !self.w.healed {
                     let fault = self.w.plan.faults.faults[k].1.clone();
+                    if let Fault::Twin { until, .. } = fault {
+                        if let Some(&twin) = self.twin_of_fault.get(&k) {
+                            self.twin_starts(twin, until);
+                        }
+                    }
                     self.fault(fault);
                 }
             }
@@ -582,6 +639,21 @@ impl Sim {
                 self.at(now + SAMPLE, Ev::Sample);
             }
             Ev::Deadline => self.stuck(),
+            Ev::TwinStop(i) => {
+                let p = &mut self.w.execs[i];
+                p.lost = true;
+                p.restart_at = None;
+                p.crash = None;
+                if p.exec.is_some() {
+                    let plan = CrashPlan {
+                        wipe: false,
+                        down: 0,
+                        silent: false,
+                        at_commit: false,
+                    };
+                    self.crash_exec(i, plan);
+                }
+            }
             Ev::Resume(i) => {
                 if self.w.execs[i].hung_until.is_some_and(|u| u <= now) {
                     self.resume(i);
@@ -969,6 +1041,18 @@ impl Sim {
             MillOutput::Send { conn, msg } => {
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
+                if let ToExecutor::Welcome { .. } = &msg {
+                    self.check_one_session(conn);
+                }
+                if let ToExecutor::Refused { .. } = &msg {
+                    let twin = self
+                        .w
+                        .exec_of_conn(conn)
+                        .is_some_and(|i| self.w.execs[i].twin_of.is_some());
+                    if twin {
+                        self.cov.hit(Path::TwinRefused);
+                    }
+                }
                 if let ToExecutor::CommitLease { lease, .. } = &msg {
                     let again = !self.commits_sent.insert((conn, *lease));
                     let hung = self
@@ -1911,6 +1995,7 @@ impl Sim {
                     max_inputs,
                 });
             }
+            Fault::Twin { .. } => {} // started by `twin_starts`
             Fault::Hang { exec, until } => {
                 let p = &mut self.w.execs[exec];
                 if p.exec.is_some() && p.hung_until.is_none() && !p.lost {
@@ -2082,6 +2167,63 @@ impl Sim {
         let back = now + plan.down;
         self.w.execs[i].restart_at = Some(back);
         self.at(back, Ev::Restart(Proc::Exec(i)));
+    }
+
+    /// A twin process of another executor's node id starts; it is stopped at `until`.
+    fn twin_starts(&mut self, twin: usize, until: Micros) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[twin];
+        if !p.lost || p.exec.is_some() {
+            return;
+        }
+        p.lost = false;
+        let name = self.names[twin + 1].clone();
+        self.trace.line(now, &name, |s| {
+            s.push_str("!! a second process with the same node id starts")
+        });
+        self.start_exec(twin);
+        self.at(until, Ev::TwinStop(twin));
+    }
+
+    /// M2: the mill welcomes `conn`: no other process claiming the same node id may hold a
+    /// live session then — a connection the mill welcomed, still open at the mill, on which
+    /// it heard something within `silence_timeout`.
+    fn check_one_session(&mut self, conn: ConnId) {
+        let now = self.w.now;
+        let Some(me) = self.w.exec_of_conn(conn) else {
+            return;
+        };
+        self.welcomed.insert(conn);
+        let node = self.w.execs[me].node.clone();
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        let inc = self.w.mill_inc;
+        let live = self.welcomed.iter().find(|c| {
+            let Some(x) = self.w.net.conns.get(c) else {
+                return false;
+            };
+            x.exec != me
+                && self.w.execs[x.exec].node == node
+                && x.mill_open
+                && x.mill_inc == inc
+                && self
+                    .last_up
+                    .get(c)
+                    .is_some_and(|at| now.saturating_sub(*at) < silence)
+        });
+        if let Some(other) = live.copied() {
+            let heard = self.last_up.get(&other).copied().unwrap_or(0);
+            let other_exec = self.w.exec_of_conn(other).unwrap_or(0);
+            self.violate(Violation {
+                rule: "one-session",
+                message: format!(
+                    "{node}: welcomed {} on {conn} while {} holds a live session on {other} (heard {} ago, silence_timeout {}): a second process claiming a live node id must be refused (M2)",
+                    self.names[me + 1],
+                    self.names[other_exec + 1],
+                    trace::secs(now.saturating_sub(heard)),
+                    trace::secs(silence)
+                ),
+            });
+        }
     }
 
     /// A hung executor's process resumes: its late timers run first (inside the first

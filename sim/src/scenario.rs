@@ -249,7 +249,7 @@ impl Default for Expect {
 }
 
 /// Every rule a checker may report, for `expect.invariants`.
-pub const RULES: [&str; 14] = [
+pub const RULES: [&str; 15] = [
     "I1",
     "I2",
     "I3",
@@ -261,6 +261,7 @@ pub const RULES: [&str; 14] = [
     "I9",
     "I10",
     "persist-before-send",
+    "one-session",
     "codec",
     "panic",
     "config",
@@ -503,6 +504,15 @@ pub enum Fault {
         /// The executor.
         exec: usize,
     },
+    /// A second executor process claims the node id of `exec` (a misconfigured duplicate
+    /// host: same node id, its own store and epoch) until `until`, when an operator stops
+    /// it for good. While the first holds a live session the mill refuses it (M2).
+    Twin {
+        /// The executor whose node id it claims.
+        exec: usize,
+        /// When it is stopped.
+        until: Micros,
+    },
 }
 
 fn secs(m: Micros) -> String {
@@ -574,6 +584,11 @@ impl fmt::Display for Fault {
             ),
             Fault::Hang { exec, until } => write!(f, "hang x{exec} until {}", secs(*until)),
             Fault::Lose { exec } => write!(f, "lose x{exec} for good (host dies, no FIN)"),
+            Fault::Twin { exec, until } => write!(
+                f,
+                "a twin process claims x{exec}'s node id until {}",
+                secs(*until)
+            ),
         }
     }
 }

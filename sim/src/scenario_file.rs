@@ -271,6 +271,7 @@ struct FaultDoc {
     lag: Option<Spanned<String>>,
     hang: Option<Spanned<String>>,
     lose: Option<Spanned<String>>,
+    twin: Option<Spanned<String>>,
     max_delay: Option<Spanned<Dur>>,
     max_inputs: Option<Spanned<u32>>,
 }
@@ -938,7 +939,8 @@ fn fault_end(at: Micros, f: &Fault) -> Micros {
         | Fault::Clog { until, .. }
         | Fault::Spike { until, .. }
         | Fault::Lag { until, .. }
-        | Fault::Hang { until, .. } => *until,
+        | Fault::Hang { until, .. }
+        | Fault::Twin { until, .. } => *until,
         Fault::Reset { .. } | Fault::Lose { .. } => at,
         Fault::CrashExec { down, .. } | Fault::CrashMill { down, .. } => at + down,
     }
@@ -978,6 +980,7 @@ fn build_fault(
         f.lag.is_some(),
         f.hang.is_some(),
         f.lose.is_some(),
+        f.twin.is_some(),
     ]
     .iter()
     .filter(|x| **x)
@@ -987,7 +990,7 @@ fn build_fault(
             Some(span),
             format!("faults.script[{k}]"),
             format!(
-                "name exactly one of partition, clog, spike, reset, crash, wipe, flap, lag, hang, lose ({actions} given)"
+                "name exactly one of partition, clog, spike, reset, crash, wipe, flap, lag, hang, lose, twin ({actions} given)"
             ),
         ));
     }
@@ -1122,6 +1125,11 @@ fn build_fault(
         let exec = exec(n, "hang")?;
         let until = at + length("hang")?;
         return Ok(vec![(at, Fault::Hang { exec, until })]);
+    }
+    if let Some(n) = &f.twin {
+        let exec = exec(n, "twin")?;
+        let until = at + length("twin")?;
+        return Ok(vec![(at, Fault::Twin { exec, until })]);
     }
     if let Some(n) = &f.lose {
         return Ok(vec![(

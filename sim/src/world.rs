@@ -86,6 +86,9 @@ pub struct ExecProc {
     pub hung_until: Option<Micros>,
     /// Inputs that reached it while hung, handled in order when it resumes.
     pub deferred: std::collections::VecDeque<millrace_core::executor::ExecutorInput>,
+    /// A second process claiming this executor's node id (`Fault::Twin`): the index of the
+    /// first. Dormant (`lost`) before and after its life.
+    pub twin_of: Option<usize>,
     /// The mill incarnation when it last went away (crashed, lost or hung); `None` while up.
     pub away_since_inc: Option<u32>,
 }
