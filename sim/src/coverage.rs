@@ -102,11 +102,14 @@ pub enum Path {
     RestoredGraceEndedLeases,
     /// A second process claiming a node id was refused (M2).
     TwinRefused,
+    /// A `CommitResult { committed: false }` reached the mill: the executor's reservation ran
+    /// out before the commit arrived (M17).
+    CommitRefusedOnLiveSession,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 39] = [
+    pub const ALL: [Path; 40] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -146,6 +149,7 @@ impl Path {
         Path::LostHostClosedBySilence,
         Path::RestoredGraceEndedLeases,
         Path::TwinRefused,
+        Path::CommitRefusedOnLiveSession,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -214,6 +218,7 @@ impl Path {
             Path::LostHostClosedBySilence => "lost host's session closed by silence",
             Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
             Path::TwinRefused => "second process with a live node's id refused",
+            Path::CommitRefusedOnLiveSession => "commit refused: the reservation ran out first",
         }
     }
 
@@ -259,6 +264,7 @@ impl Path {
             Path::LostHostClosedBySilence => "lost-host-closed-by-silence",
             Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
             Path::TwinRefused => "twin-refused",
+            Path::CommitRefusedOnLiveSession => "commit-refused",
         }
     }
 

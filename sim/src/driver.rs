@@ -1754,6 +1754,16 @@ impl Sim {
                         self.ctx.active.extend_from_slice(active_leases);
                         self.note_lost_commits(exec, active_leases);
                     }
+                    ToMill::CommitResult {
+                        committed: false, ..
+                    } => {
+                        // The reservation ran out before its commit arrived, on a live
+                        // connection (M17: the job is placed again).
+                        self.ctx.kind = StepKind::Other;
+                        if self.w.execs[exec].honest() {
+                            self.cov.hit(Path::CommitRefusedOnLiveSession);
+                        }
+                    }
                     ToMill::ReserveResult {
                         lease,
                         accepted: true,
