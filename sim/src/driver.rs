@@ -226,6 +226,9 @@ pub struct Sim {
     twin_of_fault: BTreeMap<usize, usize>,
     /// Connections the mill welcomed (M2).
     welcomed: BTreeSet<ConnId>,
+    /// (Hello's connection, rival connection, when the rival was last heard): a Hello in
+    /// progress while another process of its node id held a live session (M2).
+    rival: Option<(ConnId, ConnId, Micros)>,
 }
 
 fn t(m: Micros) -> Time {
@@ -416,6 +419,7 @@ impl Sim {
             commits_sent: BTreeSet::new(),
             twin_of_fault,
             welcomed: BTreeSet::new(),
+            rival: None,
         }
     }
 
@@ -1776,7 +1780,12 @@ impl Sim {
                     }
                     _ => self.ctx.kind = StepKind::Other,
                 }
+                self.rival = match &msg {
+                    ToMill::Hello { .. } => self.live_rival(conn).map(|(c, at)| (conn, c, at)),
+                    _ => None,
+                };
                 self.mill_input(MillInput::Message { conn, msg });
+                self.rival = None;
                 if let Some((node, epoch, before)) = near_grace {
                     let after = self.w.mill.as_ref().map(|m| m.cursor(&node, epoch));
                     if after.is_some_and(|a| a > before) {
@@ -2195,45 +2204,53 @@ impl Sim {
         self.at(until, Ev::TwinStop(twin));
     }
 
-    /// M2: the mill welcomes `conn`: no other process claiming the same node id may hold a
-    /// live session then — a connection the mill welcomed, still open at the mill, on which
-    /// it heard something within `silence_timeout`.
-    fn check_one_session(&mut self, conn: ConnId) {
+    /// M2: another process claiming the node id of the process behind `conn` holds a live
+    /// session as its Hello reaches the mill — a connection the mill welcomed, still open at
+    /// the mill, on which it heard something within `silence_timeout`: (rival connection,
+    /// when last heard). Taken before the step, which may close the rival (a replacement).
+    fn live_rival(&self, conn: ConnId) -> Option<(ConnId, Micros)> {
         let now = self.w.now;
-        let Some(me) = self.w.exec_of_conn(conn) else {
-            return;
-        };
-        self.welcomed.insert(conn);
-        let node = self.w.execs[me].node.clone();
+        let me = self.w.exec_of_conn(conn)?;
+        let node = &self.w.execs[me].node;
         let silence = dur(self.w.mill_cfg.silence_timeout);
         let inc = self.w.mill_inc;
-        let live = self.welcomed.iter().find(|c| {
-            let Some(x) = self.w.net.conns.get(c) else {
-                return false;
-            };
-            x.exec != me
-                && self.w.execs[x.exec].node == node
+        self.welcomed.iter().find_map(|c| {
+            let x = self.w.net.conns.get(c)?;
+            let heard = *self.last_up.get(c)?;
+            let live = x.exec != me
+                && &self.w.execs[x.exec].node == node
                 && x.mill_open
                 && x.mill_inc == inc
-                && self
-                    .last_up
-                    .get(c)
-                    .is_some_and(|at| now.saturating_sub(*at) < silence)
-        });
-        if let Some(other) = live.copied() {
-            let heard = self.last_up.get(&other).copied().unwrap_or(0);
-            let other_exec = self.w.exec_of_conn(other).unwrap_or(0);
-            self.violate(Violation {
-                rule: "one-session",
-                message: format!(
-                    "{node}: welcomed {} on {conn} while {} holds a live session on {other} (heard {} ago, silence_timeout {}): a second process claiming a live node id must be refused (M2)",
-                    self.names[me + 1],
-                    self.names[other_exec + 1],
-                    trace::secs(now.saturating_sub(heard)),
-                    trace::secs(silence)
-                ),
-            });
+                && now.saturating_sub(heard) < silence;
+            live.then_some((*c, heard))
+        })
+    }
+
+    /// M2: the mill welcomes `conn`; fails when its Hello came while another process of the
+    /// same node id held a live session (`live_rival`, taken before the step).
+    fn check_one_session(&mut self, conn: ConnId) {
+        let now = self.w.now;
+        self.welcomed.insert(conn);
+        let Some((hello, other, heard)) = self.rival else {
+            return;
+        };
+        if hello != conn {
+            return;
         }
+        let me = self.w.exec_of_conn(conn).unwrap_or(0);
+        let other_exec = self.w.exec_of_conn(other).unwrap_or(0);
+        let node = self.w.execs[me].node.clone();
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        self.violate(Violation {
+            rule: "one-session",
+            message: format!(
+                "{node}: welcomed {} on {conn} while {} held a live session on {other} (heard {} before the Hello, silence_timeout {}): a second process claiming a live node id must be refused (M2)",
+                self.names[me + 1],
+                self.names[other_exec + 1],
+                trace::secs(now.saturating_sub(heard)),
+                trace::secs(silence)
+            ),
+        });
     }
 
     /// A hung executor's process resumes: its late timers run first (inside the first
