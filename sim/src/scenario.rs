@@ -80,7 +80,9 @@ impl Family {
 
     /// Families added after the seed plans of the scenario library were fixed: they draw
     /// from the seed only when a scenario uses them, so older scenarios keep their plans.
-    fn late(self) -> bool {
+    /// `"all"` in a scenario file leaves them out: a lost host may hold the only labels
+    /// some jobs need, which a drawn fleet does not avoid.
+    pub fn late(self) -> bool {
         matches!(self, Family::Hang | Family::Lose)
     }
 
