@@ -2022,6 +2022,9 @@ impl Checker {
             );
         }
         for (i, p) in w.execs.iter().enumerate() {
+            if p.lost {
+                continue; // its host died for good (`Fault::Lose`)
+            }
             let Some(x) = &p.exec else {
                 return fail("I9", format!("x{i} is down at the end"));
             };

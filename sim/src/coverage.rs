@@ -96,11 +96,30 @@ pub enum Path {
     /// An executor dropped a lease the mill had seen running and came back with its epoch
     /// (M8).
     LeaseDroppedSameEpoch,
+    /// The mill closed the session of an executor whose process was hung (connection open,
+    /// nothing sent): its own silence check did it, M9.
+    HangClosedBySilence,
+    /// A `CommitLease` went again, on the same live connection, to an executor whose process
+    /// was hung: the first was unanswered within `bid_timeout` (M17).
+    HangCommitResent,
+    /// A hung executor resumed with a deadline already past: its late timers ran first (E12).
+    HangResumedLate,
+    /// The mill closed the session of an executor whose host died for good without a FIN:
+    /// only its silence check could (M9).
+    LostHostClosedBySilence,
+    /// A lease ended "executor lost" on a node whose process had been away since before the
+    /// mill's last restart: the restored placeholder session's grace ended it (M29, M5).
+    RestoredGraceEndedLeases,
+    /// A second process claiming a node id was refused (M2).
+    TwinRefused,
+    /// A `CommitResult { committed: false }` reached the mill: the executor's reservation ran
+    /// out before the commit arrived (M17).
+    CommitRefusedOnLiveSession,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 37] = [
+    pub const ALL: [Path; 44] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -138,6 +157,13 @@ impl Path {
         Path::SnapshotRepeatRefused,
         Path::ReplayAtCursor,
         Path::LeaseDroppedSameEpoch,
+        Path::HangClosedBySilence,
+        Path::HangCommitResent,
+        Path::HangResumedLate,
+        Path::LostHostClosedBySilence,
+        Path::RestoredGraceEndedLeases,
+        Path::TwinRefused,
+        Path::CommitRefusedOnLiveSession,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -202,6 +228,15 @@ impl Path {
             Path::SnapshotRepeatRefused => "snapshot repeating its seqno received",
             Path::ReplayAtCursor => "replay of the event at the cursor received",
             Path::LeaseDroppedSameEpoch => "executor dropped a running lease, same epoch",
+            Path::HangClosedBySilence => {
+                "hung executor's session closed by the mill's silence check"
+            }
+            Path::HangCommitResent => "commit re-sent to a hung executor on a live session",
+            Path::HangResumedLate => "hung executor resumed with late timers",
+            Path::LostHostClosedBySilence => "lost host's session closed by silence",
+            Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
+            Path::TwinRefused => "second process with a live node's id refused",
+            Path::CommitRefusedOnLiveSession => "commit refused: the reservation ran out first",
         }
     }
 
@@ -245,6 +280,13 @@ impl Path {
             Path::SnapshotRepeatRefused => "snapshot-repeat-refused",
             Path::ReplayAtCursor => "replay-at-cursor",
             Path::LeaseDroppedSameEpoch => "lease-dropped-same-epoch",
+            Path::HangClosedBySilence => "hang-closed-by-silence",
+            Path::HangCommitResent => "hang-commit-resent",
+            Path::HangResumedLate => "hang-resumed-late",
+            Path::LostHostClosedBySilence => "lost-host-closed-by-silence",
+            Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
+            Path::TwinRefused => "twin-refused",
+            Path::CommitRefusedOnLiveSession => "commit-refused",
         }
     }
 

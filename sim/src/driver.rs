@@ -81,6 +81,10 @@ enum Ev {
     Heal,
     Sample,
     Deadline,
+    /// A hung executor's process resumes (`Fault::Hang`).
+    Resume(usize),
+    /// A twin process is stopped for good (`Fault::Twin`).
+    TwinStop(usize),
     /// A held `Tick` is due to be released (driver lag, I12).
     LagRelease {
         slot: usize,
@@ -214,6 +218,17 @@ pub struct Sim {
     cancels_while_down: BTreeSet<LeaseId>,
     /// The charge of each job's latest accepted bid, as the mill received it.
     last_charge: BTreeMap<JobId, Resources>,
+    /// When the mill last received a message on each connection (M9 coverage).
+    last_up: BTreeMap<ConnId, Micros>,
+    /// (connection, lease): each `CommitLease` the mill sent (M17 coverage).
+    commits_sent: BTreeSet<(ConnId, LeaseId)>,
+    /// Plan index of each `Fault::Twin` → the twin's process index.
+    twin_of_fault: BTreeMap<usize, usize>,
+    /// Connections the mill welcomed (M2).
+    welcomed: BTreeSet<ConnId>,
+    /// (Hello's connection, rival connection, when the rival was last heard): a Hello in
+    /// progress while another process of its node id held a live session (M2).
+    rival: Option<(ConnId, ConnId, Micros)>,
 }
 
 fn t(m: Micros) -> Time {
@@ -288,8 +303,51 @@ impl Sim {
                 restart_at: None,
                 held_before: Default::default(),
                 outbox_before: None,
+                lost: false,
+                hung_until: None,
+                deferred: Default::default(),
+                away_since_inc: None,
+                twin_of: None,
             });
         }
+        // Twins (`Fault::Twin`), one process each, after the fleet, in plan order.
+        let mut twin_of_fault = BTreeMap::new();
+        for (k, (_, f)) in plan.faults.faults.iter().enumerate() {
+            let Fault::Twin { exec, .. } = f else {
+                continue;
+            };
+            let Some(first) = execs.get(*exec) else {
+                continue;
+            };
+            let mut cfg = first.cfg.clone();
+            cfg.backoff_seed = process.next_u64();
+            let epoch = Epoch(process.range(1, u64::MAX / 2));
+            let p = ExecProc {
+                spec: first.spec.clone(),
+                node: first.node.clone(),
+                cfg,
+                exec: None,
+                store: ExecutorSnapshot::fresh(epoch),
+                inc: 0,
+                tick_at: None,
+                crash: None,
+                byz: None,
+                connecting: None,
+                engine: BTreeMap::new(),
+                restart_at: None,
+                held_before: Default::default(),
+                outbox_before: None,
+                lost: true,
+                hung_until: None,
+                deferred: Default::default(),
+                away_since_inc: None,
+                twin_of: Some(*exec),
+            };
+            twin_of_fault.insert(k, execs.len());
+            execs.push(p);
+        }
+        let fleet_len = n;
+        let n = execs.len();
         let bounds = Bounds {
             stop: dur(mill_cfg.reconnect_grace) + dur(mill_cfg.silence_timeout) + 5 * SEC,
             live: crate::liveness::Allowances::new(
@@ -324,7 +382,10 @@ impl Sim {
             snapshot_delivered: vec![None; n],
         };
         let mut names = vec!["mill".to_string()];
-        names.extend((0..n).map(|i| format!("x{i}")));
+        names.extend((0..fleet_len).map(|i| format!("x{i}")));
+        for p in &w.execs[fleet_len..] {
+            names.push(format!("x{}-twin", p.twin_of.unwrap_or(0)));
+        }
         Sim {
             w,
             c: Checker::new(bounds),
@@ -358,6 +419,11 @@ impl Sim {
             lost_commits: Vec::new(),
             cancels_while_down: BTreeSet::new(),
             last_charge: BTreeMap::new(),
+            last_up: BTreeMap::new(),
+            commits_sent: BTreeSet::new(),
+            twin_of_fault,
+            welcomed: BTreeSet::new(),
+            rival: None,
         }
     }
 
@@ -406,7 +472,9 @@ impl Sim {
         }
         self.after_mill_step();
         for i in 0..self.w.execs.len() {
-            self.start_exec(i);
+            if self.w.execs[i].twin_of.is_none() {
+                self.start_exec(i);
+            }
         }
         for k in 0..self.w.workload.arrivals.len() {
             let at = self.w.workload.arrivals[k].0;
@@ -514,6 +582,11 @@ impl Sim {
             Ev::Fault(k) => {
                 if !self.w.healed {
                     let fault = self.w.plan.faults.faults[k].1.clone();
+                    if let Fault::Twin { until, .. } = fault {
+                        if let Some(&twin) = self.twin_of_fault.get(&k) {
+                            self.twin_starts(twin, until);
+                        }
+                    }
                     self.fault(fault);
                 }
             }
@@ -581,6 +654,26 @@ impl Sim {
                 self.at(now + SAMPLE, Ev::Sample);
             }
             Ev::Deadline => self.stuck(),
+            Ev::TwinStop(i) => {
+                let p = &mut self.w.execs[i];
+                p.lost = true;
+                p.restart_at = None;
+                p.crash = None;
+                if p.exec.is_some() {
+                    let plan = CrashPlan {
+                        wipe: false,
+                        down: 0,
+                        silent: false,
+                        at_commit: false,
+                    };
+                    self.crash_exec(i, plan);
+                }
+            }
+            Ev::Resume(i) => {
+                if self.w.execs[i].hung_until.is_some_and(|u| u <= now) {
+                    self.resume(i);
+                }
+            }
             Ev::LagRelease { slot, gen } => {
                 if self.held[slot].is_some_and(|h| h.gen == gen) {
                     self.release_tick(slot);
@@ -935,6 +1028,9 @@ impl Sim {
                     {
                         self.times
                             .terminal(*job, now, t.status == TerminalStatus::Success);
+                        if t.cause == Some(TerminalCause::ExecutorLost) {
+                            self.note_lost_while_away(t.node.as_ref());
+                        }
                         // Coverage by cause, never by the text beside it.
                         if t.status == TerminalStatus::Timeout {
                             self.cov.hit(Path::JobTimeout);
@@ -960,6 +1056,28 @@ impl Sim {
             MillOutput::Send { conn, msg } => {
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
+                if let ToExecutor::Welcome { .. } = &msg {
+                    self.check_one_session(conn);
+                }
+                if let ToExecutor::Refused { .. } = &msg {
+                    let twin = self
+                        .w
+                        .exec_of_conn(conn)
+                        .is_some_and(|i| self.w.execs[i].twin_of.is_some());
+                    if twin {
+                        self.cov.hit(Path::TwinRefused);
+                    }
+                }
+                if let ToExecutor::CommitLease { lease, .. } = &msg {
+                    let again = !self.commits_sent.insert((conn, *lease));
+                    let hung = self
+                        .w
+                        .exec_of_conn(conn)
+                        .is_some_and(|i| self.w.execs[i].hung_until.is_some());
+                    if again && hung {
+                        self.cov.hit(Path::HangCommitResent);
+                    }
+                }
                 if let ToExecutor::CancelAttempt { lease, .. } = &msg {
                     if self.cancels_while_down.remove(lease) {
                         self.cov.hit(Path::CancelResentAfterReconnect);
@@ -992,6 +1110,7 @@ impl Sim {
             }
             MillOutput::Close { conn, .. } => {
                 self.c.mill_closed(conn);
+                self.note_silent_close(conn);
                 let Some(c) = self.w.net.conns.get_mut(&conn) else {
                     return;
                 };
@@ -1101,6 +1220,22 @@ impl Sim {
 
     fn exec_input(&mut self, i: usize, input: ExecutorInput) {
         let now = self.w.now;
+        if self.w.execs[i].hung_until.is_some() {
+            // A stopped process handles nothing: its socket buffers and its engine's
+            // reports wait until it resumes (`resume`).
+            if self.w.execs[i].exec.is_some() && !matches!(input, ExecutorInput::Tick) {
+                self.w.execs[i].deferred.push_back(input);
+            }
+            return;
+        }
+        if let ExecutorInput::Message {
+            msg: ToExecutor::CancelAttempt { lease, .. },
+            ..
+        } = &input
+        {
+            // Reached it: the executor handles it now (a hung one only when it resumes).
+            self.c.cancel_delivered(i, *lease, now);
+        }
         // No pre-tick: the executor runs its due timers inside `handle` (the node's driver
         // hands it inputs the same way, and ticks only after a batch), so a step may hold
         // the timers' outputs and the input's — group-committed below as the node does.
@@ -1645,6 +1780,7 @@ impl Sim {
                     }
                     Payload::ToExec(_) => return,
                 };
+                self.last_up.insert(conn, now);
                 let mut near_grace = None;
                 match &msg {
                     ToMill::EventBatch { epoch, events } => {
@@ -1670,6 +1806,16 @@ impl Sim {
                         self.ctx.active.extend_from_slice(active_leases);
                         self.note_lost_commits(exec, active_leases);
                     }
+                    ToMill::CommitResult {
+                        committed: false, ..
+                    } => {
+                        // The reservation ran out before its commit arrived, on a live
+                        // connection (M17: the job is placed again).
+                        self.ctx.kind = StepKind::Other;
+                        if self.w.execs[exec].honest() {
+                            self.cov.hit(Path::CommitRefusedOnLiveSession);
+                        }
+                    }
                     ToMill::ReserveResult {
                         lease,
                         accepted: true,
@@ -1682,12 +1828,17 @@ impl Sim {
                     }
                     _ => self.ctx.kind = StepKind::Other,
                 }
+                self.rival = match &msg {
+                    ToMill::Hello { .. } => self.live_rival(conn).map(|(c, at)| (conn, c, at)),
+                    _ => None,
+                };
                 if let Some(tag) = tag {
                     if let Some(path) = self.c.byz_received(&self.w, exec, conn, &msg, tag) {
                         self.cov.hit(path);
                     }
                 }
                 self.mill_input(MillInput::Message { conn, msg });
+                self.rival = None;
                 let r = self.c.byz_step_done(&self.w);
                 self.check(r);
                 if let Some((node, epoch, before)) = near_grace {
@@ -1765,9 +1916,6 @@ impl Sim {
                 };
                 if let Some(b) = self.w.execs[exec].byz.as_mut() {
                     b.incoming(now, conn, &msg, &mut self.byz);
-                }
-                if let ToExecutor::CancelAttempt { lease, .. } = &msg {
-                    self.c.cancel_delivered(exec, *lease, now);
                 }
                 self.exec_input(exec, ExecutorInput::Message { conn, msg });
             }
@@ -1921,6 +2069,32 @@ impl Sim {
                     max_inputs,
                 });
             }
+            Fault::Twin { .. } => {} // started by `twin_starts`
+            Fault::Hang { exec, until } => {
+                let p = &mut self.w.execs[exec];
+                if p.exec.is_some() && p.hung_until.is_none() && !p.lost {
+                    p.hung_until = Some(until);
+                    p.away_since_inc = Some(self.w.mill_inc);
+                    self.at(until, Ev::Resume(exec));
+                }
+            }
+            Fault::Lose { exec } => {
+                let p = &mut self.w.execs[exec];
+                if !p.lost {
+                    p.lost = true;
+                    p.restart_at = None;
+                    p.crash = None;
+                    if p.exec.is_some() {
+                        let plan = CrashPlan {
+                            wipe: false,
+                            down: 0,
+                            silent: true,
+                            at_commit: false,
+                        };
+                        self.crash_exec(exec, plan);
+                    }
+                }
+            }
             Fault::CrashMill { down, silent } => {
                 if self.w.mill.is_some() && self.w.mill_crash.is_none() {
                     self.w.mill_crash = Some(CrashPlan {
@@ -2023,9 +2197,13 @@ impl Sim {
             ))
         });
         watch::exec_crashes(&self.w, i, &mut self.cov);
+        let inc = self.w.mill_inc;
         let p = &mut self.w.execs[i];
         p.exec = None;
         p.inc += 1;
+        p.hung_until = None;
+        p.deferred.clear();
+        p.away_since_inc.get_or_insert(inc);
         p.tick_at = None;
         p.connecting = None;
         self.held[i + 1] = None;
@@ -2067,15 +2245,151 @@ impl Sim {
             }
         }
         self.send_fins(now, fins, true);
+        if self.w.execs[i].lost {
+            return; // never back
+        }
         let back = now + plan.down;
         self.w.execs[i].restart_at = Some(back);
         self.at(back, Ev::Restart(Proc::Exec(i)));
+    }
+
+    /// A twin process of another executor's node id starts; it is stopped at `until`.
+    fn twin_starts(&mut self, twin: usize, until: Micros) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[twin];
+        if !p.lost || p.exec.is_some() {
+            return;
+        }
+        p.lost = false;
+        let name = self.names[twin + 1].clone();
+        self.trace.line(now, &name, |s| {
+            s.push_str("!! a second process with the same node id starts")
+        });
+        self.start_exec(twin);
+        self.at(until, Ev::TwinStop(twin));
+    }
+
+    /// M2: another process claiming the node id of the process behind `conn` holds a live
+    /// session as its Hello reaches the mill — a connection the mill welcomed, still open at
+    /// the mill, on which it heard something within `silence_timeout`: (rival connection,
+    /// when last heard). Taken before the step, which may close the rival (a replacement).
+    fn live_rival(&self, conn: ConnId) -> Option<(ConnId, Micros)> {
+        let now = self.w.now;
+        let me = self.w.exec_of_conn(conn)?;
+        let node = &self.w.execs[me].node;
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        let inc = self.w.mill_inc;
+        self.welcomed.iter().find_map(|c| {
+            let x = self.w.net.conns.get(c)?;
+            let heard = *self.last_up.get(c)?;
+            let live = x.exec != me
+                && &self.w.execs[x.exec].node == node
+                && x.mill_open
+                && x.mill_inc == inc
+                && now.saturating_sub(heard) < silence;
+            live.then_some((*c, heard))
+        })
+    }
+
+    /// M2: the mill welcomes `conn`; fails when its Hello came while another process of the
+    /// same node id held a live session (`live_rival`, taken before the step).
+    fn check_one_session(&mut self, conn: ConnId) {
+        let now = self.w.now;
+        self.welcomed.insert(conn);
+        let Some((hello, other, heard)) = self.rival else {
+            return;
+        };
+        if hello != conn {
+            return;
+        }
+        let me = self.w.exec_of_conn(conn).unwrap_or(0);
+        let other_exec = self.w.exec_of_conn(other).unwrap_or(0);
+        let node = self.w.execs[me].node.clone();
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        self.violate(Violation {
+            rule: "one-session",
+            message: format!(
+                "{node}: welcomed {} on {conn} while {} held a live session on {other} (heard {} before the Hello, silence_timeout {}): a second process claiming a live node id must be refused (M2)",
+                self.names[me + 1],
+                self.names[other_exec + 1],
+                trace::secs(now.saturating_sub(heard)),
+                trace::secs(silence)
+            ),
+        });
+    }
+
+    /// A hung executor's process resumes: its late timers run first (inside the first
+    /// input it handles, or a `Tick`), then every input that waited, in order (E12, M9).
+    fn resume(&mut self, i: usize) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[i];
+        p.hung_until = None;
+        p.away_since_inc = None;
+        let late = p
+            .exec
+            .as_ref()
+            .and_then(|x| x.next_deadline())
+            .is_some_and(|d| d.as_micros() < now);
+        if late {
+            self.cov.hit(Path::HangResumedLate);
+        }
+        let name = self.names[i + 1].clone();
+        self.trace
+            .line(now, &name, |s| s.push_str("!! resumes (was hung)"));
+        self.exec_input(i, ExecutorInput::Tick);
+        while let Some(input) = self.w.execs[i].deferred.pop_front() {
+            if self.w.execs[i].exec.is_none() || self.failure.is_some() {
+                break;
+            }
+            self.exec_input(i, input);
+        }
+        self.w.execs[i].deferred.clear();
+        self.schedule_exec_tick(i);
+    }
+
+    /// The mill closes `conn`: counts it when the mill had heard nothing on it for
+    /// `silence_timeout` and the executor behind it is hung or lost for good — its own
+    /// silence check (M9) is what closed it.
+    fn note_silent_close(&mut self, conn: ConnId) {
+        let Some(i) = self.w.exec_of_conn(conn) else {
+            return;
+        };
+        let silence = dur(self.w.mill_cfg.silence_timeout);
+        let quiet = self
+            .last_up
+            .get(&conn)
+            .is_none_or(|at| self.w.now.saturating_sub(*at) >= silence);
+        if !quiet {
+            return;
+        }
+        let p = &self.w.execs[i];
+        if p.hung_until.is_some() {
+            self.cov.hit(Path::HangClosedBySilence);
+        } else if p.lost {
+            self.cov.hit(Path::LostHostClosedBySilence);
+        }
+    }
+
+    /// The mill recorded "executor lost" for a lease of `node`: counts it when the node's
+    /// process has been away since before the mill's last restart, so the restored
+    /// placeholder session's grace is what ended it (M29, M5).
+    fn note_lost_while_away(&mut self, node: Option<&NodeId>) {
+        let Some(i) = node.and_then(|n| self.w.exec_of(n)) else {
+            return;
+        };
+        if self.w.execs[i]
+            .away_since_inc
+            .is_some_and(|inc| inc < self.w.mill_inc)
+        {
+            self.cov.hit(Path::RestoredGraceEndedLeases);
+        }
     }
 
     fn start_exec(&mut self, i: usize) {
         let now = self.w.now;
         let p = &mut self.w.execs[i];
         p.restart_at = None;
+        p.away_since_inc = None;
         p.cfg.backoff_seed = self.process.next_u64();
         let restarted = p.inc > 0;
         let x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
@@ -2153,7 +2467,10 @@ impl Sim {
         }
         for i in 0..self.w.execs.len() {
             self.w.execs[i].crash = None;
-            if self.w.execs[i].exec.is_none() {
+            if self.w.execs[i].hung_until.is_some() {
+                self.resume(i);
+            }
+            if self.w.execs[i].exec.is_none() && !self.w.execs[i].lost {
                 self.start_exec(i);
             }
         }
@@ -2186,6 +2503,9 @@ impl Sim {
             return false;
         }
         w.execs.iter().all(|p| {
+            if p.lost {
+                return p.exec.is_none() && p.engine.is_empty();
+            }
             let quarantined = mill.quarantined().contains(&p.node);
             p.exec.as_ref().is_some_and(|x| {
                 x.reserved_leases().next().is_none()

@@ -46,6 +46,13 @@ pub enum Family {
     InvalidSubmit,
     /// Drivers that batch inputs before a `Tick`: deadlines handled late (I12).
     DriverLag,
+    /// Executor processes that hang (SIGSTOP, a stalled disk, a VM pause): the connection
+    /// stays open, nothing is sent or processed, timers do not run; they resume later and
+    /// their late timers fire first (M9, M17, E12).
+    Hang,
+    /// Executor hosts that die for good without a FIN (decommissioned after a hardware
+    /// failure): only the mill's silence check (M9) and grace (M5, M29) end their leases.
+    Lose,
 }
 
 impl Family {
@@ -64,10 +71,20 @@ impl Family {
         Family::Quota,
         Family::InvalidSubmit,
         Family::DriverLag,
+        Family::Hang,
+        Family::Lose,
     ];
 
     /// How many families there are.
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 15;
+
+    /// Families added after the seed plans of the scenario library were fixed: they draw
+    /// from the seed only when a scenario uses them, so older scenarios keep their plans.
+    /// `"all"` in a scenario file leaves them out: a lost host may hold the only labels
+    /// some jobs need, which a drawn fleet does not avoid.
+    pub fn late(self) -> bool {
+        matches!(self, Family::Hang | Family::Lose)
+    }
 
     /// A short name for reports.
     pub fn name(self) -> &'static str {
@@ -85,6 +102,8 @@ impl Family {
             Family::Quota => "quota",
             Family::InvalidSubmit => "invalid-submit",
             Family::DriverLag => "driver-lag",
+            Family::Hang => "hang",
+            Family::Lose => "lose",
         }
     }
 }
@@ -232,7 +251,7 @@ impl Default for Expect {
 }
 
 /// Every rule a checker may report, for `expect.invariants`.
-pub const RULES: [&str; 14] = [
+pub const RULES: [&str; 15] = [
     "I1",
     "I2",
     "I3",
@@ -244,6 +263,7 @@ pub const RULES: [&str; 14] = [
     "I9",
     "I10",
     "persist-before-send",
+    "one-session",
     "codec",
     "panic",
     "config",
@@ -331,6 +351,9 @@ impl Swarm {
         let mut on = [None; Family::COUNT];
         let mut swarmed = Vec::new();
         for f in Family::ALL {
+            if f.late() && scenario.mode(f) == Mode::Off {
+                continue;
+            }
             let drawn = 0.15 + 0.85 * rng.unit();
             let intensity = scenario.intensity[f as usize].unwrap_or(drawn);
             let coin = rng.chance(0.5);
@@ -468,6 +491,30 @@ pub enum Fault {
         /// The largest batch of inputs a due `Tick` waits behind.
         max_inputs: u32,
     },
+    /// The executor's process hangs until `until` (SIGSTOP, a disk stall, a VM pause): its
+    /// connections stay open, it sends and handles nothing and runs no timer; its engine's
+    /// jobs run on, their reports wait. At `until` it handles what waited, late timers first.
+    Hang {
+        /// The executor.
+        exec: usize,
+        /// When it resumes.
+        until: Micros,
+    },
+    /// The executor's host dies for good, without a FIN: it never comes back, not even at
+    /// the heal (the fleet shrinks; the mill's silence check and grace end its leases).
+    Lose {
+        /// The executor.
+        exec: usize,
+    },
+    /// A second executor process claims the node id of `exec` (a misconfigured duplicate
+    /// host: same node id, its own store and epoch) until `until`, when an operator stops
+    /// it for good. While the first holds a live session the mill refuses it (M2).
+    Twin {
+        /// The executor whose node id it claims.
+        exec: usize,
+        /// When it is stopped.
+        until: Micros,
+    },
 }
 
 fn secs(m: Micros) -> String {
@@ -537,6 +584,13 @@ impl fmt::Display for Fault {
                 secs(*max_delay),
                 secs(*until)
             ),
+            Fault::Hang { exec, until } => write!(f, "hang x{exec} until {}", secs(*until)),
+            Fault::Lose { exec } => write!(f, "lose x{exec} for good (host dies, no FIN)"),
+            Fault::Twin { exec, until } => write!(
+                f,
+                "a twin process claims x{exec}'s node id until {}",
+                secs(*until)
+            ),
         }
     }
 }
@@ -550,7 +604,13 @@ pub struct FaultPlan {
 
 impl FaultPlan {
     /// Draws the plan for `swarm` over `[0, window)` for `executors` executors.
-    pub fn draw(swarm: &Swarm, window: Micros, executors: usize, rng: &mut Rng) -> FaultPlan {
+    pub fn draw(
+        swarm: &Swarm,
+        window: Micros,
+        executors: usize,
+        timing: Timing,
+        rng: &mut Rng,
+    ) -> FaultPlan {
         let mut faults = Vec::new();
         let win_s = window as f64 / SEC as f64;
         // Expected count: intensity × window / mean gap.
@@ -718,8 +778,83 @@ impl FaultPlan {
                 }
             }
         }
+        if let Some(i) = swarm.get(Family::Hang) {
+            let Timing {
+                silence,
+                grace,
+                bid,
+            } = timing;
+            for _ in 0..count(rng, i, 60.0).max(1) {
+                let start = at(rng);
+                let roll = rng.unit();
+                let len = if roll < 0.4 {
+                    // Past bid_timeout, within silence: the mill re-sends an unanswered
+                    // commit on a live session (M17).
+                    rng.range(
+                        bid + 200 * MS,
+                        silence.saturating_sub(500 * MS).max(bid + 300 * MS),
+                    )
+                } else if roll < 0.8 {
+                    // Past silence_timeout: only the mill's silence check closes the session
+                    // (M9); back within grace.
+                    rng.range(
+                        silence + SEC,
+                        silence + grace.saturating_sub(SEC).max(2 * SEC),
+                    )
+                } else {
+                    // Past silence and grace: the leases end at grace expiry while the process
+                    // is still stopped; its late fence (E12) stops the jobs when it resumes,
+                    // within I1's bound (a watchdog restarts a process hung longer).
+                    rng.range(silence + grace + SEC, silence + 2 * grace)
+                };
+                faults.push((
+                    start,
+                    Fault::Hang {
+                        exec: rng.index(executors),
+                        until: start + len,
+                    },
+                ));
+            }
+        }
+        if let Some(i) = swarm.get(Family::Lose) {
+            // At most one host in three lost, and never the whole fleet.
+            let most = (executors / 3).max(1).min(executors.saturating_sub(1));
+            let n = count(rng, i, 200.0).clamp(1, most.max(1));
+            if executors > 1 {
+                let mut all: Vec<usize> = (0..executors).collect();
+                for _ in 0..n {
+                    let k = rng.index(all.len());
+                    let exec = all.swap_remove(k);
+                    faults.push((at(rng), Fault::Lose { exec }));
+                }
+            }
+        }
         faults.sort_by_key(|(t, _)| *t);
         FaultPlan { faults }
+    }
+}
+
+/// The mill's timings a fault plan draws lengths from (microseconds).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// `silence_timeout`.
+    pub silence: Micros,
+    /// `reconnect_grace`.
+    pub grace: Micros,
+    /// `bid_timeout`.
+    pub bid: Micros,
+}
+
+impl Timing {
+    /// The timings of `scenario`'s mill config.
+    pub fn of(scenario: &Scenario) -> Timing {
+        let c = scenario.mill_config();
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        Timing {
+            silence: us(c.silence_timeout),
+            grace: us(c.reconnect_grace),
+            bid: us(c.bid_timeout),
+        }
     }
 }
 
@@ -757,6 +892,7 @@ impl SeedPlan {
             &swarm,
             scenario.fault_window,
             scenario.executors,
+            Timing::of(scenario),
             &mut fault_rng,
         );
         // Scripted faults join the drawn ones; a stable sort keeps drawn-before-scripted at

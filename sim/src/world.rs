@@ -83,6 +83,17 @@ pub struct ExecProc {
     /// The highest seqno in its durable outbox before the step in progress (the same
     /// reason: a timer's snapshot precedes the events the step's input appends).
     pub outbox_before: Option<millrace_core::Seqno>,
+    /// Its host died for good (`Fault::Lose`): it never restarts, not even at the heal.
+    pub lost: bool,
+    /// Its process is hung until then (`Fault::Hang`): it handles nothing.
+    pub hung_until: Option<Micros>,
+    /// Inputs that reached it while hung, handled in order when it resumes.
+    pub deferred: std::collections::VecDeque<millrace_core::executor::ExecutorInput>,
+    /// A second process claiming this executor's node id (`Fault::Twin`): the index of the
+    /// first. Dormant (`lost`) before and after its life.
+    pub twin_of: Option<usize>,
+    /// The mill incarnation when it last went away (crashed, lost or hung); `None` while up.
+    pub away_since_inc: Option<u32>,
 }
 
 impl ExecProc {
