@@ -16,6 +16,7 @@
 //! silence), `outbox` (appending and sending events), `leases` (mill commands and engine
 //! reports), `backoff` (reconnect delays).
 
+mod adopt;
 mod backoff;
 mod config;
 mod leases;
@@ -46,7 +47,7 @@ use backoff::Backoff;
 use seats::Seats;
 use session::Link;
 
-/// The terminal error of a job whose process died with the executor (E9).
+/// The terminal error of a job whose supervisor was gone when the executor restarted (E9).
 pub const RESTARTED: &str = "executor restarted";
 /// The terminal error of a job stopped by self-fencing (E12).
 pub const LOST_CONTACT: &str = "executor lost contact with the mill";
@@ -76,6 +77,14 @@ pub enum ExecutorInput {
     },
     /// The engine started the job of `lease`.
     JobStarted {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Answer to [`ExecutorOutput::AdoptJob`]: the job is gone and its supervisor recorded
+    /// no status (it died with the previous process): it ends Failed "executor restarted"
+    /// (E9). A job that still runs is answered with `JobStarted`; one that ended while the
+    /// executor was down, with `JobExited` and the status its supervisor recorded (E14).
+    JobLost {
         /// The lease.
         lease: LeaseId,
     },
@@ -136,6 +145,17 @@ pub enum ExecutorOutput {
         spec: JobSpec,
         /// Secrets for its environment (never persisted).
         secrets: BTreeMap<String, String>,
+    },
+    /// Re-attach to a job a previous process of this executor started, through its
+    /// supervisor (E9, E14); never start it again. Answer `JobStarted` if it still runs (its
+    /// output follows as `JobLog`, its end as `JobExited`), `JobExited` with the status its
+    /// supervisor recorded if it ended while the executor was down, or `JobLost` if nothing
+    /// of it is left. Emitted only by [`Executor::new`], before any other output.
+    AdoptJob {
+        /// The lease it runs under.
+        lease: LeaseId,
+        /// The job.
+        job: JobId,
     },
     /// Stop a job politely, kill it after `grace`, then report `JobExited`.
     StopJob {
@@ -201,8 +221,9 @@ impl Executor {
     ///
     /// `config` should have passed [`ExecutorConfig::validate`] (or use [`Executor::try_new`]);
     /// an invalid one never panics but may, for instance, spin on zero intervals.
-    /// Jobs the store still holds died with the previous process: each ends Failed
-    /// "executor restarted" (E9), persisted before anything else. Then it dials the mill.
+    /// Jobs the store still holds were started by a previous process under supervisors that
+    /// outlive it: each is held as running and re-adopted (`AdoptJob`, E9/E14); only a job
+    /// whose supervisor is gone ends Failed "executor restarted". Then it dials the mill.
     pub fn new(config: ExecutorConfig, store: ExecutorSnapshot, now: Time) -> Self {
         let backoff = Backoff::new(config.backoff_min, config.backoff_max, config.backoff_seed);
         let mut executor = Executor {
@@ -221,7 +242,7 @@ impl Executor {
             },
             outputs: VecDeque::new(),
         };
-        executor.fail_jobs_of_previous_process();
+        executor.adopt_jobs_of_previous_process();
         executor.run_timers(now);
         executor.sync_timers();
         executor
@@ -248,6 +269,7 @@ impl Executor {
             ExecutorInput::Message { conn, msg } => self.on_message(now, conn, msg),
             ExecutorInput::Disconnected { conn } => self.on_disconnected(now, conn),
             ExecutorInput::JobStarted { lease } => self.on_job_started(lease),
+            ExecutorInput::JobLost { lease } => self.on_job_lost(lease),
             ExecutorInput::JobExited {
                 lease,
                 status,

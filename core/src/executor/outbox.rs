@@ -4,12 +4,11 @@
 //! seqno a crash could take back. Events stay until acked; while disconnected they wait
 //! (E11) and a Welcome's cursor decides which are sent again (E6).
 
-use crate::job::TerminalStatus;
 use crate::types::{bounded_reason, LeaseId, Seqno};
 use crate::wire::{Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
 
 use super::session::Link;
-use super::{Executor, ExecutorWrite, RESTARTED};
+use super::{Executor, ExecutorWrite};
 
 /// A conservative budget for one batch's encoded size, far below the 1 MiB frame limit.
 const MAX_BATCH_BYTES: usize = 256 * 1024;
@@ -38,23 +37,6 @@ impl Executor {
     /// Whether the outbox still holds an event for `lease` (finished or running, not acked).
     pub(super) fn outbox_has(&self, lease: LeaseId) -> bool {
         self.durable.outbox.iter().any(|e| e.lease == lease)
-    }
-
-    /// E9: the jobs the store still holds died with the previous process.
-    pub(super) fn fail_jobs_of_previous_process(&mut self) {
-        let leases: Vec<LeaseId> = self.durable.jobs.keys().copied().collect();
-        let mut writes = Vec::with_capacity(leases.len() * 2);
-        for (offset, lease) in (0u64..).zip(leases) {
-            let kind = EventKind::Terminal {
-                status: TerminalStatus::Failed,
-                exit_code: None,
-                error: Some(RESTARTED.to_string()),
-                log: None,
-            };
-            writes.push(self.next_event(offset, lease, kind));
-            writes.push(ExecutorWrite::JobEnded { lease });
-        }
-        self.persist(writes);
     }
 
     /// Sends every outbox event above what this session has, in bounded batches.
