@@ -1215,17 +1215,13 @@ impl Checker {
             );
         }
         let cap = p.cfg.total_capacity() as usize;
-        // Runs still detached once the process is up are a wiped store's leftovers under
-        // their supervisors (no seat of this epoch; stopped within `reconnect_grace`, E14).
-        let attached = p
-            .engine
-            .values()
-            .filter(|j| j.detached_at.is_none())
-            .count();
-        if attached > cap {
+        if p.engine.len() > cap {
             return fail(
                 "I6",
-                format!("x{exec}'s engine runs {attached} jobs, capacity {cap}"),
+                format!(
+                    "x{exec}'s engine runs {} jobs, capacity {cap}",
+                    p.engine.len()
+                ),
             );
         }
         self.runs.insert(
@@ -1366,14 +1362,6 @@ impl Checker {
             target,
             deadline,
         });
-    }
-
-    /// Executor `exec` crashed while its engine ran `lease`: the process forgot any cancel
-    /// it had received for it (cancels are volatile on the executor), and the adopted job may
-    /// end with its engine's own status (E9, E14). I11's terminal check leaves it out, as it
-    /// did the "executor restarted" ending before adoption.
-    pub fn cancel_forgotten(&mut self, exec: usize, lease: LeaseId) {
-        self.cancel_seen.remove(&(exec, lease));
     }
 
     /// Executor `exec` received a `CancelAttempt` for `lease` (I11).

@@ -86,18 +86,11 @@ pub enum Path {
     /// A re-bid charged a different amount of a resource the job's owner or repo has a quota
     /// limit on (M14, M15).
     ChargeChangeOnLimitedResource,
-    /// A restarted executor adopted a job still running under its supervisor (E9, E14).
-    AdoptedRunningJob,
-    /// A restarted executor collected the end a supervisor recorded while it was down
-    /// (E9, E14).
-    AdoptedEndedJob,
-    /// A supervisor stopped its job: no executor re-attached within `reconnect_grace` (E14).
-    SupervisorFenced,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 36] = [
+    pub const ALL: [Path; 33] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -131,9 +124,6 @@ impl Path {
         Path::EventNearGraceExpiry,
         Path::CancelEndedByDeadline,
         Path::ChargeChangeOnLimitedResource,
-        Path::AdoptedRunningJob,
-        Path::AdoptedEndedJob,
-        Path::SupervisorFenced,
     ];
 
     /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
@@ -194,9 +184,6 @@ impl Path {
             Path::EventNearGraceExpiry => "event applied in recovery just before grace expiry",
             Path::CancelEndedByDeadline => "cancel ended by deadline, engine never stopped",
             Path::ChargeChangeOnLimitedResource => "re-bid changed a quota-limited charge",
-            Path::AdoptedRunningJob => "restart adopted a running job (supervisor)",
-            Path::AdoptedEndedJob => "restart collected an end recorded while down",
-            Path::SupervisorFenced => "supervisor stopped its job: no executor within grace",
         }
     }
 
@@ -236,9 +223,6 @@ impl Path {
             Path::EventNearGraceExpiry => "event-near-grace-expiry",
             Path::CancelEndedByDeadline => "cancel-ended-by-deadline",
             Path::ChargeChangeOnLimitedResource => "charge-change-on-limited-resource",
-            Path::AdoptedRunningJob => "adopted-running-job",
-            Path::AdoptedEndedJob => "adopted-ended-job",
-            Path::SupervisorFenced => "supervisor-fenced",
         }
     }
 

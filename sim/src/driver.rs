@@ -38,8 +38,6 @@ enum Exit {
     Stopped,
     /// It never started.
     FailedToStart,
-    /// Its supervisor stopped it: no executor re-attached within `reconnect_grace` (E14).
-    SupervisorStopped,
 }
 
 #[derive(Debug)]
@@ -60,6 +58,7 @@ enum Ev {
     },
     EngineStart {
         exec: usize,
+        inc: u32,
         lease: LeaseId,
     },
     EngineExit {
@@ -68,8 +67,6 @@ enum Ev {
         lease: LeaseId,
         how: Exit,
     },
-    /// The supervisors of executor `exec` check how long they have been detached (E14).
-    SupervisorFence(usize),
     Arrive(usize),
     UserCancel(usize),
     Fault(usize),
@@ -288,7 +285,6 @@ impl Sim {
                 byz: spec.byzantine.map(Byzantine::new),
                 connecting: None,
                 engine: BTreeMap::new(),
-                supervised_ends: BTreeMap::new(),
                 restart_at: None,
                 held_before: Default::default(),
                 outbox_before: None,
@@ -477,10 +473,11 @@ impl Sim {
                 }
             }
             Ev::ResetNotify { conn, to_mill } => self.reset_notify(conn, to_mill),
-            Ev::EngineStart { exec, lease } => {
-                // A run lives under its supervisor, across executor crashes (E14): it is
-                // known by its lease, not by the process incarnation that started it.
+            Ev::EngineStart { exec, inc, lease } => {
                 let p = &mut self.w.execs[exec];
+                if p.inc != inc || p.exec.is_none() {
+                    return;
+                }
                 let Some(job) = p.engine.get_mut(&lease) else {
                     return;
                 };
@@ -488,11 +485,8 @@ impl Sim {
                     return;
                 }
                 job.started = true;
-                if p.exec.is_some() && job.detached_at.is_none() {
-                    self.exec_input(exec, ExecutorInput::JobStarted { lease });
-                }
+                self.exec_input(exec, ExecutorInput::JobStarted { lease });
             }
-            Ev::SupervisorFence(exec) => self.supervisor_fence(exec),
             Ev::EngineExit {
                 exec,
                 inc,
@@ -1306,8 +1300,6 @@ impl Sim {
                         hung: false,
                         forever: false,
                         counted: false,
-                        detached_at: None,
-                        fenced: false,
                     },
                 );
                 let r = self.c.start(&self.w, i, lease, job, &spec);
@@ -1326,7 +1318,14 @@ impl Sim {
                 let rng = &mut self.engines;
                 if let Some(d) = exact {
                     // The engine starts at once, runs exactly `d` and succeeds.
-                    self.at(now, Ev::EngineStart { exec: i, lease });
+                    self.at(
+                        now,
+                        Ev::EngineStart {
+                            exec: i,
+                            inc,
+                            lease,
+                        },
+                    );
                     self.at(
                         now + d,
                         Ev::EngineExit {
@@ -1355,7 +1354,14 @@ impl Sim {
                     let d = job_duration(rng, self.w.scenario.job_mean, self.w.scenario.job_max);
                     let success = rng.chance(0.85);
                     let code = if success { 0 } else { rng.range(1, 255) as i32 };
-                    self.at(start, Ev::EngineStart { exec: i, lease });
+                    self.at(
+                        start,
+                        Ev::EngineStart {
+                            exec: i,
+                            inc,
+                            lease,
+                        },
+                    );
                     self.at(
                         start + d,
                         Ev::EngineExit {
@@ -1408,12 +1414,15 @@ impl Sim {
         }
     }
 
-    fn engine_exit(&mut self, exec: usize, _inc: u32, lease: LeaseId, how: Exit) {
+    fn engine_exit(&mut self, exec: usize, inc: u32, lease: LeaseId, how: Exit) {
         let now = self.w.now;
         let p = &mut self.w.execs[exec];
-        let (hung, detached) = match p.engine.get(&lease) {
+        if p.inc != inc || p.exec.is_none() {
+            return;
+        }
+        let hung = match p.engine.get(&lease) {
             None => return,
-            Some(job) => (job.hung, job.detached_at.is_some() || p.exec.is_none()),
+            Some(job) => job.hung,
         };
         if hung && matches!(how, Exit::Natural { .. }) {
             return;
@@ -1461,58 +1470,8 @@ impl Sim {
                     log: None,
                 }
             }
-            Exit::SupervisorStopped => {
-                self.c.exited(lease, now, false);
-                ExecutorInput::JobExited {
-                    lease,
-                    status: TerminalStatus::Failed,
-                    exit_code: Some(143),
-                    error: Some("stopped by its supervisor: no executor re-attached".into()),
-                    log,
-                }
-            }
         };
-        if detached {
-            // Its supervisor records the end for the next executor process (E14).
-            self.w.execs[exec].supervised_ends.insert(lease, input);
-        } else {
-            self.exec_input(exec, input);
-        }
-    }
-
-    /// E14: every supervisor of executor `exec` detached for `reconnect_grace` stops its
-    /// job (SIGTERM, SIGKILL after the stop grace: a supervisor's kill of the whole tree
-    /// always takes, hung engines included).
-    fn supervisor_fence(&mut self, exec: usize) {
-        let now = self.w.now;
-        let grace = dur(self.w.execs[exec].cfg.reconnect_grace);
-        let stop_grace = dur(self.w.execs[exec].cfg.stop_grace).max(10 * MS);
-        let inc = self.w.execs[exec].inc;
-        let due: Vec<LeaseId> = self.w.execs[exec]
-            .engine
-            .iter_mut()
-            .filter(|(_, j)| !j.fenced && j.detached_at.is_some_and(|t| t + grace <= now))
-            .map(|(lease, j)| {
-                j.fenced = true;
-                j.hung = false;
-                j.forever = false;
-                *lease
-            })
-            .collect();
-        for lease in due {
-            self.cov.hit(Path::SupervisorFenced);
-            self.c.stop(lease);
-            let at = now + self.engines.range(5 * MS, stop_grace);
-            self.at(
-                at,
-                Ev::EngineExit {
-                    exec,
-                    inc,
-                    lease,
-                    how: Exit::SupervisorStopped,
-                },
-            );
-        }
+        self.exec_input(exec, input);
     }
 
     // ---- the network ---------------------------------------------------------------------
@@ -2018,28 +1977,13 @@ impl Sim {
         p.tick_at = None;
         p.connecting = None;
         self.held[i + 1] = None;
-        // Its jobs run on under their supervisors (E14), detached; each supervisor stops
-        // its job if no executor process adopts it within `reconnect_grace`.
         let p = &mut self.w.execs[i];
-        let mut detached = 0;
-        for job in p.engine.values_mut() {
-            if job.detached_at.is_none() {
-                job.detached_at = Some(now);
-                detached += 1;
-            }
-        }
-        let running: Vec<LeaseId> = p.engine.keys().copied().collect();
-        if !running.is_empty() {
+        let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
+        if !killed.is_empty() {
             self.cov.hit(Path::ExecCrashWithRunningJobs);
         }
-        if detached > 0 {
-            let grace = dur(self.w.execs[i].cfg.reconnect_grace);
-            self.at(now + grace, Ev::SupervisorFence(i));
-        }
-        // The process forgets the cancels it received (volatile; its store keeps no
-        // cancel reason yet): an adopted job may end with its own status (I11).
-        for lease in running {
-            self.c.cancel_forgotten(i, lease);
+        for lease in killed {
+            self.c.exited(lease, now, false);
         }
         let p = &mut self.w.execs[i];
         if plan.wipe {
@@ -2073,39 +2017,14 @@ impl Sim {
         p.cfg.backoff_seed = self.process.next_u64();
         let restarted = p.inc > 0;
         let mut x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
-        // Every `AdoptJob` is answered at once, as the supervisors answer (E9, E14): a run
-        // still under its supervisor is re-attached (`JobStarted` once it has started; it
-        // is not started again, I1), an end recorded while the executor was down is
-        // reported, and a job of which nothing is left is lost ("executor restarted").
+        // The simulated engine's runs die with their executor process (supervisors are
+        // not modelled yet, issue 12), so every `AdoptJob` is answered at once: nothing is
+        // left of the job, which ends Failed "executor restarted" (E9).
         let leases: Vec<LeaseId> = p.store.jobs.keys().copied().collect();
-        let mut adopted = 0;
-        let mut collected = 0;
         for lease in leases {
-            let input = if let Some(job) = p.engine.get_mut(&lease) {
-                job.detached_at = None;
-                adopted += 1;
-                job.started.then_some(ExecutorInput::JobStarted { lease })
-            } else if let Some(end) = p.supervised_ends.remove(&lease) {
-                collected += 1;
-                Some(end)
-            } else {
-                Some(ExecutorInput::JobLost { lease })
-            };
-            if let Some(input) = input {
-                x.handle(t(now), input);
-            }
+            x.handle(t(now), ExecutorInput::JobLost { lease });
         }
-        // What no store of this process knows is not collected by anyone.
-        let known = &p.store.jobs;
-        p.supervised_ends
-            .retain(|lease, _| known.contains_key(lease));
         p.exec = Some(x);
-        for _ in 0..adopted {
-            self.cov.hit(Path::AdoptedRunningJob);
-        }
-        for _ in 0..collected {
-            self.cov.hit(Path::AdoptedEndedJob);
-        }
         if restarted {
             let name = self.names[i + 1].clone();
             self.trace.line(now, &name, |s| s.push_str("!! restart"));

@@ -44,11 +44,6 @@ pub struct EngineJob {
     pub forever: bool,
     /// Counted once as a cancel ended by the mill's deadline alone.
     pub counted: bool,
-    /// Since when no executor process is attached to its supervisor (E14): set when its
-    /// executor crashes, cleared when a restart adopts it (E9).
-    pub detached_at: Option<crate::scenario::Micros>,
-    /// Its supervisor gave up waiting for an executor and is stopping it (E14).
-    pub fenced: bool,
 }
 
 /// One executor process and everything around it.
@@ -74,12 +69,8 @@ pub struct ExecProc {
     pub byz: Option<Byzantine>,
     /// The connection a `Connect` is waiting on.
     pub connecting: Option<ConnId>,
-    /// The engine's jobs, by lease. A job runs under a supervisor that outlives the
-    /// executor process (E14): a crash leaves it here, detached.
+    /// The engine's jobs, by lease.
     pub engine: BTreeMap<LeaseId, EngineJob>,
-    /// Ends its supervisors recorded while no executor process was attached, for the next
-    /// process to collect at adoption (E9, E14).
-    pub supervised_ends: BTreeMap<LeaseId, millrace_core::executor::ExecutorInput>,
     /// When it is due back up, while down.
     pub restart_at: Option<Micros>,
     /// The seats (reserved or running) it held before the step in progress: a message of
