@@ -42,13 +42,35 @@ fn parse_payload(p: &[u8]) -> (u64, i32) {
     (ms, code)
 }
 
+fn exited(lease: LeaseId, code: i32) -> ExecutorInput {
+    let status = if code == 0 {
+        TerminalStatus::Success
+    } else {
+        TerminalStatus::Failed
+    };
+    let log = LogRef {
+        path: LogRef::path_for(lease),
+        hash: format!("sha256:{}", "ab".repeat(32)),
+    };
+    ExecutorInput::JobExited {
+        lease,
+        status,
+        exit_code: Some(code),
+        error: None,
+        log: Some(log),
+    }
+}
+
 struct Node {
     exec: Option<Executor>,
     config: ExecutorConfig,
     store: ExecutorSnapshot,
     conn: Option<ConnId>,
-    /// Engine timers: (due, lease, exit).
+    /// Engine timers: (due, lease, exit). Jobs run under supervisors that outlive the
+    /// executor process (E14): a crash leaves them running.
     running: BTreeMap<LeaseId, (Time, i32)>,
+    /// Exit codes its supervisors recorded while the executor process was down.
+    ended: BTreeMap<LeaseId, i32>,
 }
 
 struct World {
@@ -116,6 +138,7 @@ impl World {
                     store,
                     conn: None,
                     running: BTreeMap::new(),
+                    ended: BTreeMap::new(),
                 }
             })
             .collect();
@@ -228,6 +251,18 @@ impl World {
                     .insert(lease, (self.now.plus(Duration::from_micros(ms * MS)), code));
                 self.exec_input(i, ExecutorInput::JobStarted { lease });
             }
+            ExecutorOutput::AdoptJob { lease, .. } => {
+                // The supervisor answers: still running, ended while the executor was down
+                // (its recorded status), or gone.
+                let input = if self.nodes[i].running.contains_key(&lease) {
+                    ExecutorInput::JobStarted { lease }
+                } else if let Some(code) = self.nodes[i].ended.remove(&lease) {
+                    exited(lease, code)
+                } else {
+                    ExecutorInput::JobLost { lease }
+                };
+                self.exec_input(i, input);
+            }
             ExecutorOutput::StopJob { lease, .. } => {
                 if self.nodes[i].running.remove(&lease).is_some() {
                     self.exec_input(
@@ -304,25 +339,12 @@ impl World {
                 .collect();
             for (lease, code) in due {
                 self.nodes[i].running.remove(&lease);
-                let status = if code == 0 {
-                    TerminalStatus::Success
+                if self.nodes[i].exec.is_none() {
+                    // Its supervisor keeps the status for the next executor process.
+                    self.nodes[i].ended.insert(lease, code);
                 } else {
-                    TerminalStatus::Failed
-                };
-                let log = LogRef {
-                    path: LogRef::path_for(lease),
-                    hash: format!("sha256:{}", "ab".repeat(32)),
-                };
-                self.exec_input(
-                    i,
-                    ExecutorInput::JobExited {
-                        lease,
-                        status,
-                        exit_code: Some(code),
-                        error: None,
-                        log: Some(log),
-                    },
-                );
+                    self.exec_input(i, exited(lease, code));
+                }
             }
         }
         self.mill.handle(self.now, MillInput::Tick);
@@ -348,10 +370,20 @@ impl World {
         }
     }
 
-    /// The process dies: volatile state and in-flight messages are lost; the store stays.
+    /// The process dies: volatile state and in-flight messages are lost; the store stays,
+    /// and so do the jobs' supervisors (E14).
     fn crash(&mut self, i: usize) {
+        self.crash_with(i, true);
+    }
+
+    /// The process dies, and its jobs' supervisors with it when `supervisors` is false
+    /// (the machine rebooted, say).
+    fn crash_with(&mut self, i: usize, supervisors: bool) {
         self.nodes[i].exec = None;
-        self.nodes[i].running.clear();
+        if !supervisors {
+            self.nodes[i].running.clear();
+            self.nodes[i].ended.clear();
+        }
         if let Some(conn) = self.nodes[i].conn.take() {
             self.wire.retain(|w| match w {
                 Wire::ToMill(c, _) | Wire::MillClosed(c) => *c != conn,
@@ -364,6 +396,9 @@ impl World {
     fn restart(&mut self, i: usize, wipe: Option<Epoch>) {
         if let Some(epoch) = wipe {
             self.nodes[i].store = ExecutorSnapshot::fresh(epoch);
+            // No executor of the old epoch re-attaches: its supervisors stop their jobs.
+            self.nodes[i].running.clear();
+            self.nodes[i].ended.clear();
         }
         let n = &mut self.nodes[i];
         n.exec = Some(Executor::new(n.config.clone(), n.store.clone(), self.now));
@@ -563,12 +598,12 @@ fn e9_i3_an_executor_restart_with_its_store_delivers_a_result_that_finished_befo
 }
 
 #[test]
-fn e9_a_job_running_when_the_executor_died_ends_failed_executor_restarted() {
+fn e9_a_job_whose_supervisor_died_with_the_executor_ends_failed_executor_restarted() {
     let mut w = World::new();
     w.run_for(Duration::from_secs(1));
     let job = w.submit(spec("shell", &["macos"], "acme", 60_000, 0));
     w.run_for(Duration::from_secs(2));
-    w.crash(2);
+    w.crash_with(2, false);
     w.run_for(Duration::from_secs(3));
     w.restart(2, None);
     w.run_until_done(&[job], Duration::from_secs(40));
@@ -580,6 +615,46 @@ fn e9_a_job_running_when_the_executor_died_ends_failed_executor_restarted() {
         Some(millrace_core::TerminalCause::ExecutorRestarted),
         "{t:?}"
     );
+}
+
+#[test]
+fn e9_e14_a_job_running_when_the_executor_died_is_adopted_and_recorded_with_its_real_status() {
+    let mut w = World::new();
+    w.run_for(Duration::from_secs(1));
+    let job = w.submit(spec("shell", &["macos"], "acme", 8_000, 7));
+    w.run_for(Duration::from_secs(2));
+    w.crash(2);
+    w.run_for(Duration::from_secs(2));
+    w.restart(2, None);
+    w.run_until_done(&[job], Duration::from_secs(40));
+    let t = &w.done[&job];
+    assert_eq!(t.status, TerminalStatus::Failed, "{t:?}");
+    assert_eq!(
+        t.exit_code,
+        Some(7),
+        "the job's own exit, not 'executor restarted'"
+    );
+    w.run_for(Duration::from_secs(10));
+    w.assert_quiescent();
+}
+
+#[test]
+fn e9_e14_a_job_that_ended_while_the_executor_was_down_is_recorded_success() {
+    let mut w = World::new();
+    w.run_for(Duration::from_secs(1));
+    let job = w.submit(spec("shell", &["macos"], "acme", 3_000, 0));
+    w.run_for(Duration::from_secs(2));
+    w.crash(2);
+    // The job ends while nobody is attached; its supervisor keeps the status.
+    w.run_for(Duration::from_secs(6));
+    assert!(!w.done.contains_key(&job));
+    w.restart(2, None);
+    w.run_until_done(&[job], Duration::from_secs(40));
+    let t = &w.done[&job];
+    assert_eq!(t.status, TerminalStatus::Success, "{t:?}");
+    assert_eq!(t.exit_code, Some(0));
+    w.run_for(Duration::from_secs(10));
+    w.assert_quiescent();
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use millrace_core::codec::FrameDecoder;
-use millrace_core::executor::{ExecutorInput, ExecutorOutput};
+use millrace_core::executor::{ExecutorInput, ExecutorOutput, ExecutorWrite};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::ConnId;
 use tokio::sync::{mpsc, watch};
@@ -128,7 +128,7 @@ impl Driver {
             }
             if drain_deadline.is_some_and(|d| Instant::now() >= d) {
                 let left = self.parts.executor.running_leases().count();
-                tracing::warn!(running = left, "drain timeout: killing what still runs; its jobs end \"executor restarted\" at the next start (E9)");
+                tracing::warn!(running = left, "drain timeout: leaving what still runs to its supervisors; the next executor process adopts it (E9, E14)");
                 break;
             }
             let deadline = self
@@ -180,7 +180,7 @@ impl Driver {
             }
             self.flush()?;
         }
-        self.parts.engine.kill_all();
+        self.parts.engine.detach_all();
         for (_, tx) in self.conns.drain() {
             let _ = tx.try_send(ConnOut::Close("the executor is shutting down".into()));
         }
@@ -208,7 +208,9 @@ impl Driver {
             ExecutorInput::Disconnected { conn } => {
                 self.conns.remove(conn);
             }
-            ExecutorInput::JobExited { lease, .. } => self.parts.engine.exited(*lease),
+            ExecutorInput::JobExited { lease, .. } | ExecutorInput::JobLost { lease } => {
+                self.parts.engine.exited(*lease);
+            }
             ExecutorInput::Message {
                 msg: ToExecutor::Refused { reason },
                 ..
@@ -231,6 +233,15 @@ impl Driver {
         });
         if !batches.is_empty() {
             self.parts.store.apply(&batches)?;
+            // A job's supervisor directory holds its exit record until its terminal is
+            // durable here; only then may it go (E5, E14).
+            for batch in &batches {
+                for write in &batch.writes {
+                    if let ExecutorWrite::JobEnded { lease } = write {
+                        self.parts.engine.collected(*lease);
+                    }
+                }
+            }
         }
         for o in rest {
             self.act(o);
@@ -273,6 +284,7 @@ impl Driver {
                 spec,
                 secrets,
             } => self.parts.engine.start(lease, job, spec, secrets),
+            ExecutorOutput::AdoptJob { lease, .. } => self.parts.engine.adopt(lease),
             ExecutorOutput::StopJob { lease, grace } => self.parts.engine.stop(lease, grace),
         }
     }

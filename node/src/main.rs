@@ -22,6 +22,7 @@ mod node;
 mod preauth;
 mod shell;
 mod sqlite;
+mod supervisor;
 
 use std::process::ExitCode;
 
@@ -44,6 +45,14 @@ fn init_logs(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
+    // A job's supervisor (E14): a hidden mode, handled before the CLI parser so that it is
+    // neither listed nor subject to the user-facing commands' flags.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == supervisor::SUBCOMMAND)
+    {
+        return supervisor::main();
+    }
     let cli = Cli::parse();
     let quiet = matches!(
         cli.cmd,

@@ -23,7 +23,7 @@ use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
 use crate::mill_store::{MillReader, MillStore};
 use crate::net::{self, OUT_QUEUE};
 use crate::preauth::{Preauth, PreauthConfig};
-use crate::shell::ShellEngine;
+use crate::shell::{EngineSettings, ShellEngine};
 
 /// Why a node could not start or stopped badly. Messages name the path or setting.
 #[derive(Debug, thiserror::Error)]
@@ -532,12 +532,13 @@ pub fn start_executor(
         eprintln!("WARNING: millrace executor talks to {} without TLS; traffic and the token are in clear text.", opts.mill);
     }
     if !snapshot.jobs.is_empty() {
-        tracing::warn!(
+        tracing::info!(
             jobs = snapshot.jobs.len(),
-            "jobs of the previous process end \"executor restarted\" (E9)"
+            "re-attaching to the jobs of the previous process through their supervisors (E9, E14)"
         );
     }
-    ShellEngine::reap_previous(&opts.data);
+    let known: std::collections::BTreeSet<_> = snapshot.jobs.keys().copied().collect();
+    ShellEngine::sweep_foreign(&opts.data, snapshot.epoch, &known, opts.tuning.stop_grace);
     let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
     config.labels = opts
         .labels
@@ -563,10 +564,15 @@ pub fn start_executor(
         .map_err(|e| NodeError::Config(e.to_string()))?;
     let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
     let engine = ShellEngine::new(
-        &opts.data,
+        EngineSettings {
+            data: opts.data.clone(),
+            epoch,
+            reconnect_grace: opts.timing.reconnect_grace,
+            stop_grace: opts.tuning.stop_grace,
+            hard_cap: opts.tuning.job_hard_cap,
+        },
         tx.clone(),
         runtime.clone(),
-        opts.tuning.job_hard_cap,
     )
     .map_err(io(format!("executor data {}", opts.data.display())))?;
     let (shutdown, shutdown_rx) = watch::channel(false);

@@ -1,74 +1,92 @@
-//! The `shell` engine: runs a job's payload with `sh -c` in a fresh working directory, in its
-//! own process group, with stdout and stderr captured to `logs/<lease>.log` (hashed with
-//! sha256 for the log reference, M25) and streamed to the driver as `JobLog`.
+//! The `shell` engine: runs each job's payload with `sh -c` under its own supervisor process
+//! (`millrace supervise`, see `supervisor`), which outlives the executor (E14). The engine
+//! launches supervisors for new jobs (`StartJob`), re-attaches to the supervisors of a
+//! previous process of this executor (`AdoptJob`, E9), relays their output to the driver as
+//! `JobLog`, passes stops on, and reports each job's end from the exit record its supervisor
+//! wrote durably in `jobs/<lease>/exit.json`. Logs are `logs/<lease>.log` (hashed, M25).
 //!
-//! A stop sends SIGTERM to the whole group and SIGKILL after the grace. When the job's shell
-//! exits, whatever it left running in its group is killed. The process group id is written
-//! to `work/<lease>.pgid` so that a restarted executor can kill the leftovers of a previous
-//! process before the core fails their jobs "executor restarted" (E9).
+//! A job directory is removed only after the driver has persisted the job's terminal
+//! (`collected`), so a crash in between finds the exit record again and reports the same
+//! end (exactly once through the outbox, E5).
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::Duration;
 
 use millrace_core::executor::ExecutorInput;
 use millrace_core::job::{JobSpec, LogRef, TerminalStatus};
-use millrace_core::{JobId, LeaseId};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
-use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot};
+use millrace_core::{Epoch, JobId, LeaseId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 
 use crate::exec_driver::ExecCmd;
+use crate::supervisor::{self, ExitRecord, FromSupervisor, Launch, StopCause, ToSupervisor};
 
-/// Bytes read from a job's output at once (and the largest `JobLog`).
-const READ_CHUNK: usize = 32 * 1024;
-/// How long the log reader may take to finish after the job's group is gone.
-const READER_GRACE: Duration = Duration::from_secs(5);
-/// Largest log kept per job on the executor's disk; the rest of the output is discarded.
-const MAX_LOG: u64 = 1 << 30;
-/// Environment variable marking a job's processes with its lease (for restart cleanup).
-const LEASE_ENV: &str = "MILLRACE_LEASE_ID";
+/// How long a new supervisor may take to listen.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting to (and greeting) a supervisor may take.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stops queued for one job at most (a job is stopped once; repeats are dropped).
+const STOP_QUEUE: usize = 4;
 
-struct Running {
-    stop: Option<oneshot::Sender<Duration>>,
-    pgid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+/// What the engine needs to know about the executor.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// The executor's data directory.
+    pub data: PathBuf,
+    /// The executor's epoch; supervisors refuse (and stop for) any other (E1, E14).
+    pub epoch: Epoch,
+    /// How long a supervisor keeps its job with no executor attached (E14).
+    pub reconnect_grace: Duration,
+    /// SIGTERM → SIGKILL when a supervisor stops its job on its own.
+    pub stop_grace: Duration,
+    /// A job running longer is stopped (Timeout); the mill's timeout (M18) normally ends it
+    /// first through a cancel.
+    pub hard_cap: Option<Duration>,
 }
 
-/// Runs shell jobs for one executor. Owned by the executor driver.
+/// Runs shell jobs for one executor, through their supervisors. Owned by the executor driver.
 pub struct ShellEngine {
-    data: PathBuf,
+    settings: EngineSettings,
     tx: mpsc::Sender<ExecCmd>,
     runtime: tokio::runtime::Handle,
-    hard_cap: Option<Duration>,
-    running: BTreeMap<LeaseId, Running>,
+    /// Stop requests for each job's attachment task.
+    running: BTreeMap<LeaseId, mpsc::Sender<Duration>>,
+}
+
+/// How a job's attachment task begins.
+enum Mode {
+    /// A new job whose supervisor was just launched (or could not be: why).
+    Start(Result<(), String>),
+    /// A job of a previous process: re-attach (E9).
+    Adopt,
 }
 
 impl ShellEngine {
-    /// An engine storing logs and working directories under `data`, reporting on `tx`.
-    /// `hard_cap` kills a job that runs longer (the mill's timeout, M18, normally ends it
-    /// first through a cancel).
+    /// An engine storing logs, supervisors' directories and working directories under the
+    /// data directory, reporting on `tx`.
     pub fn new(
-        data: &Path,
+        settings: EngineSettings,
         tx: mpsc::Sender<ExecCmd>,
         runtime: tokio::runtime::Handle,
-        hard_cap: Option<Duration>,
     ) -> std::io::Result<Self> {
-        std::fs::create_dir_all(data.join("logs"))?;
-        std::fs::create_dir_all(data.join("work"))?;
+        for sub in ["logs", "work", "jobs"] {
+            std::fs::create_dir_all(settings.data.join(sub))?;
+        }
         Ok(ShellEngine {
-            data: data.to_path_buf(),
+            settings,
             tx,
             runtime,
-            hard_cap,
             running: BTreeMap::new(),
         })
     }
 
-    /// Starts a committed job (`StartJob`). Reports `JobStarted`, `JobLog`s, then `JobExited`.
+    fn job_dir(data: &Path, lease: LeaseId) -> PathBuf {
+        data.join("jobs").join(lease.get().to_string())
+    }
+
+    /// Starts a committed job (`StartJob`) under a new supervisor. Reports `JobStarted`,
+    /// `JobLog`s, then `JobExited`.
     pub fn start(
         &mut self,
         lease: LeaseId,
@@ -76,379 +94,480 @@ impl ShellEngine {
         spec: JobSpec,
         secrets: BTreeMap<String, String>,
     ) {
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let pgid = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
-        self.running.insert(
-            lease,
-            Running {
-                stop: Some(stop_tx),
-                pgid: pgid.clone(),
-            },
-        );
-        let ctx = JobCtx {
-            lease,
-            job,
+        let s = &self.settings;
+        let workdir = s.data.join("work").join(lease.get().to_string());
+        let mut env = vec![
+            ("MILLRACE_JOB_ID".to_string(), job.get().to_string()),
+            ("MILLRACE_LEASE_ID".to_string(), lease.get().to_string()),
+            (
+                "MILLRACE_WORKDIR".to_string(),
+                workdir.to_string_lossy().into_owned(),
+            ),
+        ];
+        env.extend(secrets);
+        let launch = Launch {
+            version: supervisor::PROTOCOL,
+            epoch: s.epoch.get(),
+            lease: lease.get(),
+            job: job.get(),
             payload: spec.payload,
-            secrets,
-            data: self.data.clone(),
-            tx: self.tx.clone(),
-            hard_cap: self.hard_cap,
-            pgid,
+            env,
+            dir: Self::job_dir(&s.data, lease),
+            workdir,
+            log: s.data.join(LogRef::path_for(lease)),
+            reconnect_grace_ms: millis(s.reconnect_grace),
+            stop_grace_ms: millis(s.stop_grace),
+            hard_cap_ms: s.hard_cap.map(millis),
         };
-        self.runtime.spawn(run_job(ctx, stop_rx));
+        // Launched here, in the driver's step that acted on `StartJob`, so that a graceful
+        // shutdown right after it leaves a supervisor for the next process to adopt.
+        let launched = launch_supervisor(&launch);
+        self.spawn_task(lease, Mode::Start(launched));
     }
 
-    /// Stops a job (`StopJob`): SIGTERM to its group now, SIGKILL after `grace`.
+    /// Re-attaches to a job a previous process of this executor started (`AdoptJob`, E9):
+    /// reports `JobStarted` then its output and `JobExited` if it still runs, `JobExited`
+    /// from its exit record if it ended meanwhile, `JobLost` if nothing of it is left.
+    pub fn adopt(&mut self, lease: LeaseId) {
+        self.spawn_task(lease, Mode::Adopt);
+    }
+
+    fn spawn_task(&mut self, lease: LeaseId, mode: Mode) {
+        let (stop_tx, stop_rx) = mpsc::channel(STOP_QUEUE);
+        self.running.insert(lease, stop_tx);
+        let ctx = Ctx {
+            lease,
+            settings: self.settings.clone(),
+            dir: Self::job_dir(&self.settings.data, lease),
+            tx: self.tx.clone(),
+        };
+        self.runtime.spawn(attend(ctx, mode, stop_rx));
+    }
+
+    /// Stops a job (`StopJob`): its supervisor sends SIGTERM to the job's tree now and
+    /// SIGKILL after `grace`.
     pub fn stop(&mut self, lease: LeaseId, grace: Duration) {
-        if let Some(r) = self.running.get_mut(&lease) {
-            if let Some(stop) = r.stop.take() {
-                let _ = stop.send(grace);
-            }
+        if let Some(stop) = self.running.get(&lease) {
+            let _ = stop.try_send(grace);
         }
     }
 
-    /// The driver saw the job's `JobExited`.
+    /// The driver saw the job's `JobExited` (or `JobLost`).
     pub fn exited(&mut self, lease: LeaseId) {
         self.running.remove(&lease);
     }
 
-    /// Kills every running job's group at once (shutdown after the drain timeout).
-    pub fn kill_all(&mut self) {
-        for (lease, r) in &self.running {
-            let pgid = r.pgid.load(std::sync::atomic::Ordering::SeqCst);
-            if pgid > 0 {
-                tracing::warn!(%lease, pgid, "killing job at shutdown");
-                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-            }
-        }
+    /// The job's terminal is durable in the outbox: its supervisor's directory and working
+    /// directory go (its log stays).
+    pub fn collected(&mut self, lease: LeaseId) {
+        let data = &self.settings.data;
+        let _ = std::fs::remove_dir_all(Self::job_dir(data, lease));
+        let _ = std::fs::remove_dir_all(data.join("work").join(lease.get().to_string()));
     }
 
-    /// Kills the leftovers of jobs a previous process of this executor ran (every
-    /// `work/<lease>.pgid` left behind), so that nothing keeps running that the core is about to fail (E9).
-    pub fn reap_previous(data: &Path) {
-        let work = data.join("work");
-        let Ok(entries) = std::fs::read_dir(&work) else {
+    /// At shutdown: the jobs still running are left to their supervisors, which keep them
+    /// for `reconnect_grace` for the next executor process to adopt (an upgrade), and stop
+    /// them after that (E14).
+    pub fn detach_all(&mut self) {
+        for lease in self.running.keys() {
+            tracing::warn!(%lease, grace = ?self.settings.reconnect_grace, "leaving the job to its supervisor: the next executor process adopts it, or the supervisor stops it after reconnect_grace (E14)");
+        }
+        self.running.clear();
+    }
+
+    /// At start, before the core adopts its jobs: supervisors in `jobs/` whose lease the
+    /// store does not hold are not this store's to adopt (a wiped store left its data
+    /// directory, or a terminal was persisted before the directory went): each still alive
+    /// is told this executor's epoch and asked to stop its job now; directories with no live
+    /// supervisor are removed. Also kills what a pre-supervisor executor left (`work/*.pgid`).
+    pub fn sweep_foreign(
+        data: &Path,
+        epoch: Epoch,
+        known: &BTreeSet<LeaseId>,
+        stop_grace: Duration,
+    ) {
+        legacy::reap_previous(data);
+        let Ok(entries) = std::fs::read_dir(data.join("jobs")) else {
             return;
         };
         for entry in entries.flatten() {
-            let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("pgid") {
+            let Some(lease) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u64>().ok())
+                .map(LeaseId)
+            else {
+                continue;
+            };
+            if known.contains(&lease) {
                 continue;
             }
-            let lease = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.parse::<u64>().ok())
-                .map(LeaseId);
-            let pgid = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok());
-            if let (Some(lease), Some(pgid)) = (lease, pgid) {
-                let killed = kill_marked_group(pgid, lease);
-                if killed > 0 {
-                    tracing::warn!(%lease, pgid, killed, "killed processes left by the previous executor process");
+            let dir = entry.path();
+            match stop_foreign(&dir, epoch, lease, stop_grace) {
+                Ok(()) => {
+                    tracing::warn!(%lease, "asked a supervisor this store does not know to stop its job");
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ =
+                        std::fs::remove_dir_all(data.join("work").join(lease.get().to_string()));
                 }
             }
-            let _ = std::fs::remove_file(&path);
-            if let Some(lease) = lease {
-                let _ = std::fs::remove_dir_all(work.join(lease.get().to_string()));
-            }
         }
     }
 }
 
-/// Kills the processes of group `pgid` that carry `lease`'s marker (a pid may have been
-/// reused since, so unmarked processes are left alone). Returns how many were signalled.
-fn kill_marked_group(pgid: i32, lease: LeaseId) -> usize {
-    let marker = format!("{LEASE_ENV}={}", lease.get());
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return 0;
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Greets a live supervisor with this executor's epoch and asks it to stop (blocking, with
+/// timeouts). `Err` when no supervisor listens.
+fn stop_foreign(dir: &Path, epoch: Epoch, lease: LeaseId, grace: Duration) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(supervisor::socket_path(dir))?;
+    s.set_write_timeout(Some(ATTACH_TIMEOUT))?;
+    let hello = ToSupervisor::Hello {
+        version: supervisor::PROTOCOL,
+        epoch: epoch.get(),
+        lease: lease.get(),
     };
-    let mut killed = 0;
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(p.path().join("stat")) else {
-            continue;
-        };
-        // Fields after the command name (which may hold spaces) in parentheses.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let group = rest
-            .split_whitespace()
-            .nth(2)
-            .and_then(|s| s.parse::<i32>().ok());
-        if group != Some(pgid) {
-            continue;
-        }
-        let Ok(env) = std::fs::read(p.path().join("environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-            killed += 1;
-        }
+    let stop = ToSupervisor::Stop {
+        grace_ms: millis(grace),
+    };
+    for msg in [hello, stop] {
+        let frame = supervisor::encode(&msg).map_err(std::io::Error::other)?;
+        s.write_all(&frame)?;
     }
-    killed
+    Ok(())
 }
 
-struct JobCtx {
+struct Ctx {
     lease: LeaseId,
-    job: JobId,
-    payload: Vec<u8>,
-    secrets: BTreeMap<String, String>,
-    data: PathBuf,
+    settings: EngineSettings,
+    dir: PathBuf,
     tx: mpsc::Sender<ExecCmd>,
-    hard_cap: Option<Duration>,
-    pgid: std::sync::Arc<std::sync::atomic::AtomicI32>,
 }
 
-enum Outcome {
-    Exited(std::io::Result<ExitStatus>),
-    Stopped(std::io::Result<ExitStatus>),
-    HardCap(std::io::Result<ExitStatus>),
+impl Ctx {
+    async fn report(&self, input: ExecutorInput) {
+        let _ = self.tx.send(ExecCmd::Input(input)).await;
+    }
 }
 
-async fn report(tx: &mpsc::Sender<ExecCmd>, input: ExecutorInput) {
-    let _ = tx.send(ExecCmd::Input(input)).await;
+/// How an attachment ended.
+enum Ended {
+    /// The supervisor said the job ended (its record is durable).
+    Exited,
+    /// The connection closed or failed without that.
+    Closed(String),
 }
 
-async fn run_job(ctx: JobCtx, stop_rx: oneshot::Receiver<Duration>) {
+/// One job's attachment: launch (for a new job), attach, relay, report the end.
+async fn attend(ctx: Ctx, mode: Mode, mut stops: mpsc::Receiver<Duration>) {
     let lease = ctx.lease;
-    let work_root = ctx.data.join("work");
-    let work = work_root.join(lease.get().to_string());
-    let pgid_file = work_root.join(format!("{}.pgid", lease.get()));
-    let log_path = ctx.data.join(LogRef::path_for(lease));
-    let spawned = spawn(&ctx, &work, &log_path);
-    let (mut child, reader) = match spawned {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::warn!(%lease, error = %e, "job could not start");
-            report(
-                &ctx.tx,
+    let adopting = matches!(mode, Mode::Adopt);
+    if let Mode::Start(Err(e)) = mode {
+        tracing::warn!(%lease, error = %e, "job could not start");
+        // The supervisor may have recorded why; if not, say what we know.
+        let input = match supervisor::read_exit(&ctx.dir) {
+            Some(rec) => exited(lease, &rec, &ctx.settings),
+            None => ExecutorInput::JobExited {
+                lease,
+                status: TerminalStatus::Failed,
+                exit_code: None,
+                error: Some(format!("could not start the job: {e}")),
+                log: None,
+            },
+        };
+        ctx.report(input).await;
+        return;
+    }
+    let ended = match attach(&ctx).await {
+        Ok((reader, mut writer, pid)) => {
+            tracing::info!(%lease, pid, adopted = adopting, "attached to the job's supervisor");
+            ctx.report(ExecutorInput::JobStarted { lease }).await;
+            relay(&ctx, reader, &mut writer, &mut stops).await
+        }
+        Err(e) => Ended::Closed(e),
+    };
+    let input = match (supervisor::read_exit(&ctx.dir), &ended) {
+        (Some(rec), _) => exited(lease, &rec, &ctx.settings),
+        (None, Ended::Exited) => ExecutorInput::JobExited {
+            lease,
+            status: TerminalStatus::Failed,
+            exit_code: None,
+            error: Some("the job's supervisor reported an end but left no exit record".into()),
+            log: None,
+        },
+        (None, Ended::Closed(why)) => {
+            // No supervisor and no record: whatever of the job is left has nobody to stop
+            // it; kill it here.
+            let killed = supervisor::kill_marked(ctx.settings.epoch.get(), lease.get());
+            tracing::warn!(%lease, reason = %why, killed, "the job's supervisor is gone and recorded no end");
+            if adopting {
+                ExecutorInput::JobLost { lease }
+            } else {
                 ExecutorInput::JobExited {
                     lease,
                     status: TerminalStatus::Failed,
                     exit_code: None,
-                    error: Some(format!("could not start the job: {e}")),
+                    error: Some(format!("the job's supervisor died ({why})")),
                     log: None,
-                },
-            )
-            .await;
-            return;
+                }
+            }
         }
     };
-    let pgid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    ctx.pgid.store(pgid, std::sync::atomic::Ordering::SeqCst);
-    if pgid > 0 {
-        let _ = std::fs::write(&pgid_file, pgid.to_string());
-    }
-    tracing::info!(%lease, job = %ctx.job, pgid, "job started");
-    report(&ctx.tx, ExecutorInput::JobStarted { lease }).await;
+    ctx.report(input).await;
+}
 
-    let stop = async {
-        match stop_rx.await {
-            Ok(grace) => grace,
-            Err(_) => std::future::pending().await,
+/// Starts `millrace supervise` for a new job and hands it its launch on stdin (secrets
+/// travel there, never on disk). Its pid goes to `supervisor.pid` in its directory, so that
+/// an attachment (now or after a restart) can tell a supervisor still starting up from one
+/// that is gone. Blocking, but short: a spawn and a pipe write the supervisor reads at once.
+fn launch_supervisor(launch: &Launch) -> Result<(), String> {
+    use std::io::Write;
+    let dir = &launch.dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(supervisor::exit_path(dir));
+    let errlog = dir.join("supervisor.log");
+    let err = std::fs::File::create(&errlog).map_err(|e| format!("{}: {e}", errlog.display()))?;
+    let bytes = postcard::to_allocvec(launch).map_err(|e| format!("launch: {e}"))?;
+    // /proc/self/exe is this very binary even if its file was replaced by an upgrade.
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg(supervisor::SUBCOMMAND)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(err);
+    // The executor's own settings (its token above all) are not the job's business.
+    for (key, _) in std::env::vars_os() {
+        if std::os::unix::ffi::OsStrExt::as_bytes(key.as_os_str()).starts_with(b"MILLRACE_") {
+            cmd.env_remove(key);
         }
-    };
-    let cap = async {
-        match ctx.hard_cap {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    let outcome = tokio::select! {
-        status = child.wait() => Outcome::Exited(status),
-        grace = stop => Outcome::Stopped(terminate(&mut child, pgid, grace).await),
-        () = cap => Outcome::HardCap(terminate(&mut child, pgid, Duration::from_secs(10)).await),
-    };
-    // Whatever the job left in its group goes with it.
-    if pgid > 0 {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
-    let hash = match tokio::time::timeout(READER_GRACE, reader).await {
-        Ok(Ok(Ok(hash))) => Some(hash),
-        Ok(Ok(Err(e))) => {
-            tracing::warn!(%lease, error = %e, "job log could not be written");
-            None
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("millrace supervise: {e}"))?;
+    let _ = std::fs::write(dir.join("supervisor.pid"), child.id().to_string());
+    let written = match child.stdin.take() {
+        Some(mut stdin) => stdin.write_all(&bytes).map_err(|e| format!("launch: {e}")),
+        None => Err("launch: no stdin".to_string()),
+    };
+    // Reap it when it exits (if the executor dies first, init or a subreaper does).
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    written
+}
+
+/// Whether the supervisor whose pid is in `dir/supervisor.pid` still runs.
+fn supervisor_alive(dir: &Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(dir.join("supervisor.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let mut fields = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace())
+        .into_iter()
+        .flatten();
+    let running = fields
+        .next()
+        .is_some_and(|state| state != "Z" && state != "X");
+    let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+    // Our own child, just forked (it may not have exec'd yet), or a process running the
+    // supervisor mode: the pid may have been reused by an unrelated process since.
+    let ours = ppid == Some(std::process::id());
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    running
+        && (ours
+            || cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == supervisor::SUBCOMMAND.as_bytes()))
+}
+
+/// Connects to the job's supervisor, waiting while it is still starting up (alive, no
+/// socket yet, no exit record), up to `LAUNCH_TIMEOUT`.
+async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
+    let sock = supervisor::socket_path(dir);
+    let deadline = tokio::time::Instant::now() + LAUNCH_TIMEOUT;
+    loop {
+        let err = match tokio::net::UnixStream::connect(&sock).await {
+            Ok(s) => return Ok(s),
+            Err(e) => format!("connect {}: {e}", sock.display()),
+        };
+        if supervisor::read_exit(dir).is_some() {
+            return Err("the supervisor has exited".to_string());
         }
-        _ => {
-            // A process that left the group still holds the pipe: hash what is on disk.
-            hash_file(&log_path).ok()
+        if !supervisor_alive(dir) {
+            return Err(format!("no supervisor ({err})"));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the supervisor did not listen within {LAUNCH_TIMEOUT:?} ({err})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+type Reader = tokio::net::unix::OwnedReadHalf;
+type Writer = tokio::net::unix::OwnedWriteHalf;
+
+/// Connects to the job's supervisor and greets it; its job's pid.
+async fn attach(ctx: &Ctx) -> Result<(Reader, Writer, i32), String> {
+    let stream = connect(&ctx.dir).await?;
+    let go = async {
+        let (mut reader, mut writer) = stream.into_split();
+        let hello = ToSupervisor::Hello {
+            version: supervisor::PROTOCOL,
+            epoch: ctx.settings.epoch.get(),
+            lease: ctx.lease.get(),
+        };
+        write_frame(&mut writer, &hello).await?;
+        match read_frame(&mut reader).await? {
+            Some(FromSupervisor::Attached { pid }) => Ok((reader, writer, pid)),
+            Some(FromSupervisor::Refused { reason }) => Err(format!("refused: {reason}")),
+            Some(FromSupervisor::Exited) => Err("the job had ended".to_string()),
+            Some(FromSupervisor::Output(_)) => Err("output before attachment".to_string()),
+            None => Err("closed before attaching".to_string()),
         }
     };
-    let _ = std::fs::remove_file(&pgid_file);
-    let _ = std::fs::remove_dir_all(&work);
-    let log = hash.map(|h| LogRef {
+    match tokio::time::timeout(ATTACH_TIMEOUT, go).await {
+        Ok(r) => r,
+        Err(_) => Err("attaching timed out".to_string()),
+    }
+}
+
+/// Relays output to the driver and stops to the supervisor until the job ends.
+async fn relay(
+    ctx: &Ctx,
+    mut reader: Reader,
+    writer: &mut Writer,
+    stops: &mut mpsc::Receiver<Duration>,
+) -> Ended {
+    let lease = ctx.lease;
+    let mut stops_open = true;
+    loop {
+        tokio::select! {
+            frame = read_frame(&mut reader) => match frame {
+                Ok(Some(FromSupervisor::Output(bytes))) => {
+                    ctx.report(ExecutorInput::JobLog { lease, bytes }).await;
+                }
+                Ok(Some(FromSupervisor::Exited)) => return Ended::Exited,
+                Ok(Some(other)) => return Ended::Closed(format!("unexpected {other:?}")),
+                Ok(None) => return Ended::Closed("the supervisor closed the connection".into()),
+                Err(e) => return Ended::Closed(e),
+            },
+            grace = stops.recv(), if stops_open => match grace {
+                Some(grace) => {
+                    let stop = ToSupervisor::Stop { grace_ms: millis(grace) };
+                    if let Err(e) = write_frame(writer, &stop).await {
+                        tracing::warn!(%lease, error = %e, "could not pass a stop to the job's supervisor");
+                    }
+                }
+                None => stops_open = false,
+            },
+        }
+    }
+}
+
+async fn write_frame(w: &mut Writer, msg: &ToSupervisor) -> Result<(), String> {
+    let frame = supervisor::encode(msg)?;
+    w.write_all(&frame).await.map_err(|e| e.to_string())
+}
+
+async fn read_frame(r: &mut Reader) -> Result<Option<FromSupervisor>, String> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > supervisor::MAX_FRAME {
+        return Err(format!(
+            "supervisor frame of {len} bytes exceeds the bound of {}",
+            supervisor::MAX_FRAME
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    postcard::from_bytes(&body)
+        .map(Some)
+        .map_err(|e| format!("supervisor frame: {e}"))
+}
+
+/// The `JobExited` an exit record means.
+fn exited(lease: LeaseId, rec: &ExitRecord, settings: &EngineSettings) -> ExecutorInput {
+    let log = rec.log_sha256.as_ref().map(|h| LogRef {
         path: LogRef::path_for(lease),
         hash: format!("sha256:{h}"),
     });
-    let (status, exit_code, error) = match outcome {
-        Outcome::Exited(Ok(s)) => exit_meaning(s),
-        Outcome::Stopped(Ok(s)) => {
-            let (_, code, _) = exit_meaning(s);
-            (TerminalStatus::Cancelled, code, Some("stopped".to_string()))
-        }
-        Outcome::HardCap(Ok(s)) => {
-            let (_, code, _) = exit_meaning(s);
-            let cap = ctx.hard_cap.unwrap_or_default();
-            (
-                TerminalStatus::Timeout,
-                code,
-                Some(format!("exceeded the executor's hard cap of {cap:?}")),
-            )
-        }
-        Outcome::Exited(Err(e)) | Outcome::Stopped(Err(e)) | Outcome::HardCap(Err(e)) => (
+    let (status, exit_code, error) = meaning(rec, settings);
+    ExecutorInput::JobExited {
+        lease,
+        status,
+        exit_code,
+        error,
+        log,
+    }
+}
+
+fn meaning(
+    rec: &ExitRecord,
+    settings: &EngineSettings,
+) -> (TerminalStatus, Option<i32>, Option<String>) {
+    if let Some(e) = &rec.spawn_error {
+        return (
             TerminalStatus::Failed,
             None,
-            Some(format!("could not wait for the job: {e}")),
-        ),
-    };
-    tracing::info!(%lease, job = %ctx.job, %status, ?exit_code, "job exited");
-    report(
-        &ctx.tx,
-        ExecutorInput::JobExited {
-            lease,
-            status,
-            exit_code,
-            error,
-            log,
-        },
-    )
-    .await;
-}
-
-type Reader = tokio::task::JoinHandle<std::io::Result<String>>;
-
-fn spawn(
-    ctx: &JobCtx,
-    work: &Path,
-    log_path: &Path,
-) -> std::io::Result<(tokio::process::Child, Reader)> {
-    let _ = std::fs::remove_dir_all(work);
-    std::fs::create_dir_all(work)?;
-    if let Some(dir) = log_path.parent() {
-        std::fs::create_dir_all(dir)?;
+            Some(format!("could not start the job: {e}")),
+        );
     }
-    let log = std::fs::File::create(log_path)?;
-    let (read_end, write_end) = std::io::pipe()?;
-    let child = {
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(std::ffi::OsStr::from_bytes(&ctx.payload))
-            .current_dir(work)
-            .stdin(std::process::Stdio::null())
-            .stdout(write_end.try_clone()?)
-            .stderr(write_end)
-            .process_group(0)
-            .kill_on_drop(false);
-        // The executor's own settings (its token above all) are not the job's business.
-        for (key, _) in std::env::vars_os() {
-            if key.as_bytes().starts_with(b"MILLRACE_") {
-                cmd.env_remove(key);
-            }
+    match &rec.stopped {
+        Some(StopCause::Requested) => {
+            return (
+                TerminalStatus::Cancelled,
+                rec.code,
+                Some("stopped".to_string()),
+            );
         }
-        cmd.env("MILLRACE_JOB_ID", ctx.job.get().to_string())
-            .env(LEASE_ENV, ctx.lease.get().to_string())
-            .env("MILLRACE_WORKDIR", work);
-        for (k, v) in &ctx.secrets {
-            cmd.env(k, v);
+        Some(StopCause::HardCap { cap_ms }) => {
+            let cap = settings.hard_cap.unwrap_or(Duration::from_millis(*cap_ms));
+            return (
+                TerminalStatus::Timeout,
+                rec.code,
+                Some(format!("exceeded the executor's hard cap of {cap:?}")),
+            );
         }
-        cmd.spawn()?
-        // `cmd` (holding the pipe's write ends) drops here, so the reader sees EOF once
-        // the job's processes are gone.
-    };
-    let tx = ctx.tx.clone();
-    let lease = ctx.lease;
-    let reader = tokio::task::spawn_blocking(move || pump(read_end, log, lease, &tx));
-    Ok((child, reader))
-}
-
-/// Copies the job's output to its log file and the driver; returns the sha256 (hex).
-fn pump(
-    mut from: std::io::PipeReader,
-    mut log: std::fs::File,
-    lease: LeaseId,
-    tx: &mpsc::Sender<ExecCmd>,
-) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut written = 0u64;
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if written >= MAX_LOG {
-            // Keep draining so the job does not block on a full pipe; keep nothing.
-            continue;
+        Some(StopCause::NoExecutor { grace_ms }) => {
+            return (
+                TerminalStatus::Failed,
+                rec.code,
+                Some(format!(
+                    "stopped by its supervisor: no executor re-attached within {:?} (E14)",
+                    Duration::from_millis(*grace_ms)
+                )),
+            );
         }
-        let mut chunk = buf.get(..n).unwrap_or_default();
-        let room = usize::try_from(MAX_LOG - written).unwrap_or(usize::MAX);
-        let cut = chunk.len() > room;
-        if cut {
-            chunk = chunk.get(..room).unwrap_or_default();
+        Some(StopCause::ForeignEpoch { epoch }) => {
+            return (
+                TerminalStatus::Failed,
+                rec.code,
+                Some(format!(
+                    "stopped by its supervisor: an executor of another epoch ({epoch}) took over its directory"
+                )),
+            );
         }
-        log.write_all(chunk)?;
-        hasher.update(chunk);
-        written += chunk.len() as u64;
-        if cut {
-            let marker = b"\n[millrace: log truncated at the executor's limit]\n";
-            log.write_all(marker)?;
-            hasher.update(marker);
-            written = MAX_LOG;
-        }
-        let _ = tx.blocking_send(ExecCmd::Input(ExecutorInput::JobLog {
-            lease,
-            bytes: chunk.to_vec(),
-        }));
+        None => {}
     }
-    log.sync_data()?;
-    Ok(hex(&hasher.finalize()))
-}
-
-fn hash_file(path: &Path) -> std::io::Result<String> {
-    let bytes = std::fs::read(path)?;
-    Ok(hex(&Sha256::digest(&bytes)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// SIGTERM to the group, SIGKILL after `grace`, then the exit status.
-async fn terminate(
-    child: &mut tokio::process::Child,
-    pgid: i32,
-    grace: Duration,
-) -> std::io::Result<ExitStatus> {
-    if pgid > 0 {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
-    }
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            if pgid > 0 {
-                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-            }
-            child.wait().await
-        }
-    }
-}
-
-fn exit_meaning(s: ExitStatus) -> (TerminalStatus, Option<i32>, Option<String>) {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
+    match (rec.code, rec.signal) {
         (Some(0), _) => (TerminalStatus::Success, Some(0), None),
         (Some(code), _) => (
             TerminalStatus::Failed,
@@ -468,13 +587,82 @@ fn exit_meaning(s: ExitStatus) -> (TerminalStatus, Option<i32>, Option<String>) 
     }
 }
 
+/// Leftovers of executors from before supervisors (`work/<lease>.pgid`): killed at start.
+mod legacy {
+    use std::path::Path;
+
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    const LEASE_ENV: &str = "MILLRACE_LEASE_ID";
+
+    pub(super) fn reap_previous(data: &Path) {
+        let work = data.join("work");
+        let Ok(entries) = std::fs::read_dir(&work) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("pgid") {
+                continue;
+            }
+            let lease = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u64>().ok());
+            let pgid = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            if let (Some(lease), Some(pgid)) = (lease, pgid) {
+                kill_marked_group(pgid, lease);
+            }
+            let _ = std::fs::remove_file(&path);
+            if let Some(lease) = lease {
+                let _ = std::fs::remove_dir_all(work.join(lease.to_string()));
+            }
+        }
+    }
+
+    fn kill_marked_group(pgid: i32, lease: u64) {
+        let marker = format!("{LEASE_ENV}={lease}");
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for p in procs.flatten() {
+            let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(p.path().join("stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let group = rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(|s| s.parse::<i32>().ok());
+            if group != Some(pgid) {
+                continue;
+            }
+            let Ok(env) = std::fs::read(p.path().join("environ")) else {
+                continue;
+            };
+            if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn m25_log_hash_is_lowercase_sha256_hex() {
-        let h = hex(&Sha256::digest(b"hello\n"));
+        let h = supervisor::hex(&Sha256::digest(b"hello\n"));
         assert_eq!(
             h,
             "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
@@ -484,5 +672,45 @@ mod tests {
             hash: format!("sha256:{h}"),
         };
         assert!(r.is_valid_for(LeaseId(3)));
+    }
+
+    fn settings() -> EngineSettings {
+        EngineSettings {
+            data: PathBuf::from("/nonexistent"),
+            epoch: Epoch(1),
+            reconnect_grace: Duration::from_secs(45),
+            stop_grace: Duration::from_secs(10),
+            hard_cap: None,
+        }
+    }
+
+    fn record(code: Option<i32>, stopped: Option<StopCause>) -> ExitRecord {
+        ExitRecord {
+            code,
+            signal: None,
+            stopped,
+            spawn_error: None,
+            log_sha256: None,
+        }
+    }
+
+    #[test]
+    fn e9_an_exit_record_reports_the_jobs_real_status() {
+        let s = settings();
+        assert_eq!(
+            meaning(&record(Some(0), None), &s).0,
+            TerminalStatus::Success
+        );
+        let (status, code, error) = meaning(&record(Some(3), None), &s);
+        assert_eq!((status, code), (TerminalStatus::Failed, Some(3)));
+        assert_eq!(error.as_deref(), Some("exit status 3"));
+    }
+
+    #[test]
+    fn e14_a_job_its_supervisor_stopped_for_want_of_an_executor_says_so() {
+        let rec = record(None, Some(StopCause::NoExecutor { grace_ms: 45_000 }));
+        let (status, _, error) = meaning(&rec, &settings());
+        assert_eq!(status, TerminalStatus::Failed);
+        assert!(error.unwrap().contains("no executor re-attached"));
     }
 }

@@ -264,10 +264,10 @@ fn c_mill_restart_mid_job_keeps_the_real_status() {
 }
 
 /// (d) restart an executor with its store intact mid-job: a result that finished before it
-/// died (unacked, the mill was frozen) arrives; the job that was running ends "executor
-/// restarted" (E9) and its process is gone.
+/// died (unacked, the mill was frozen) arrives; the job that was running is adopted through
+/// its supervisor (E9, E14) and ends with its own status, its process gone.
 #[test]
-fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
+fn d_executor_restart_delivers_finished_results_and_adopts_the_running_job() {
     let root = tempfile::tempdir().unwrap();
     let mill = start_mill(root.path(), "5s", "127.0.0.1:0");
     let tok = mill.data.join("token");
@@ -278,8 +278,13 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     let a = mill.api.submit(&json!({
         "command": format!("while [ ! -e {} ]; do sleep 0.05; done; echo a-done", gate.display()),
     }));
+    let gate_b = root.path().join("gate-b");
     let b = mill.api.submit(&json!({
-        "command": format!("echo $$ > {}; exec sleep 60", pidfile.display()),
+        "command": format!(
+            "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done; exit 4",
+            pidfile.display(),
+            gate_b.display()
+        ),
     }));
     mill.api.wait_state(a, |s| s == "running", "running");
     mill.api.wait_state(b, |s| s == "running", "running");
@@ -307,12 +312,15 @@ fn d_executor_restart_delivers_finished_results_and_fails_the_running_job() {
     let va = mill.api.wait_done(a);
     assert_eq!(va["state"], "success", "{va}");
     assert_eq!(va["exit_code"], 0, "{va}");
+    assert!(pid_alive(b_pid), "job b runs on under its supervisor");
+    std::fs::write(&gate_b, b"").unwrap();
     let vb = mill.api.wait_done(b);
     assert_eq!(vb["state"], "failed", "{vb}");
-    assert_eq!(vb["error"], "executor restarted", "{vb}");
+    assert_eq!(vb["exit_code"], 4, "{vb}");
+    assert_eq!(vb["error"], "exit status 4", "{vb}");
     assert_eq!(
-        vb["cause"], "executor_restarted",
-        "typed on the wire (E9): {vb}"
+        vb["cause"], "reported",
+        "the adopted job's own end (E14): {vb}"
     );
     wait_for("job b's process to be killed", || {
         (!pid_alive(b_pid)).then_some(())

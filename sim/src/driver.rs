@@ -1545,6 +1545,9 @@ impl Sim {
                     );
                 }
             }
+            ExecutorOutput::AdoptJob { .. } => {
+                // Answered in `start_exec`, in the step that made it.
+            }
             ExecutorOutput::StopJob { lease, .. } => {
                 self.c.stop(lease);
                 let slow = self.w.execs[i].spec.slow_stop;
@@ -2392,7 +2395,14 @@ impl Sim {
         p.away_since_inc = None;
         p.cfg.backoff_seed = self.process.next_u64();
         let restarted = p.inc > 0;
-        let x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
+        let mut x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
+        // The simulated engine's runs die with their executor process (supervisors are
+        // not modelled yet, issue 12), so every `AdoptJob` is answered at once: nothing is
+        // left of the job, which ends Failed "executor restarted" (E9).
+        let leases: Vec<LeaseId> = p.store.jobs.keys().copied().collect();
+        for lease in leases {
+            x.handle(t(now), ExecutorInput::JobLost { lease });
+        }
         p.exec = Some(x);
         if restarted {
             let name = self.names[i + 1].clone();

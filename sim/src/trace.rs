@@ -493,6 +493,9 @@ pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
         ExecutorOutput::StartJob { lease, job, .. } => {
             let _ = write!(s, "> start {lease} {job}");
         }
+        ExecutorOutput::AdoptJob { lease, job } => {
+            let _ = write!(s, "> adopt {lease} {job}");
+        }
         ExecutorOutput::StopJob { lease, grace } => {
             let _ = write!(s, "> stop {lease} grace={}", secs(grace.as_micros() as u64));
         }

@@ -163,6 +163,10 @@ impl Executor {
 
     /// E5: the engine started the job: Running goes to the outbox, then to the mill.
     pub(super) fn on_job_started(&mut self, lease: LeaseId) {
+        if self.restop.remove(&lease) && self.seats.running.contains_key(&lease) {
+            let grace = self.config.stop_grace;
+            self.emit(ExecutorOutput::StopJob { lease, grace });
+        }
         match self.seats.running.get_mut(&lease) {
             Some(job) if !job.started => job.started = true,
             Some(_) | None => return,
@@ -182,12 +186,27 @@ impl Executor {
         error: Option<String>,
         log: Option<LogRef>,
     ) {
+        self.end_running(lease, status, exit_code, error, log, EndCause::Engine);
+    }
+
+    /// Ends a running job with the engine's (or the driver's) verdict and `cause`, unless a
+    /// stop was asked for, which decides the status (E7, E12).
+    pub(super) fn end_running(
+        &mut self,
+        lease: LeaseId,
+        status: TerminalStatus,
+        exit_code: Option<i32>,
+        error: Option<String>,
+        log: Option<LogRef>,
+        cause: EndCause,
+    ) {
+        self.restop.remove(&lease);
         let Some(job) = self.seats.running.remove(&lease) else {
             return;
         };
         let (status, error, cause) = match job.stop {
             Some(stop) => stop.terminal(),
-            None => (status, error.map(bounded_error), EndCause::Engine),
+            None => (status, error.map(bounded_error), cause),
         };
         // A log reference the mill would call a violation (M25) is left out.
         let log = log.filter(|l| l.is_valid_for(lease));

@@ -16,6 +16,7 @@
 //! silence), `outbox` (appending and sending events), `leases` (mill commands and engine
 //! reports), `backoff` (reconnect delays).
 
+mod adopt;
 mod backoff;
 mod config;
 mod leases;
@@ -26,7 +27,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::job::{JobSpec, LogRef, TerminalStatus};
@@ -48,7 +49,7 @@ use backoff::Backoff;
 use seats::Seats;
 use session::Link;
 
-/// The terminal error of a job whose process died with the executor (E9).
+/// The terminal error of a job whose supervisor was gone when the executor restarted (E9).
 pub const RESTARTED: &str = "executor restarted";
 /// The terminal error of a job stopped by self-fencing (E12).
 pub const LOST_CONTACT: &str = "executor lost contact with the mill";
@@ -78,6 +79,14 @@ pub enum ExecutorInput {
     },
     /// The engine started the job of `lease`.
     JobStarted {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Answer to [`ExecutorOutput::AdoptJob`]: the job is gone and its supervisor recorded
+    /// no status (it died with the previous process): it ends Failed "executor restarted"
+    /// (E9). A job that still runs is answered with `JobStarted`; one that ended while the
+    /// executor was down, with `JobExited` and the status its supervisor recorded (E14).
+    JobLost {
         /// The lease.
         lease: LeaseId,
     },
@@ -139,6 +148,17 @@ pub enum ExecutorOutput {
         /// Secrets for its environment (never persisted).
         secrets: BTreeMap<String, String>,
     },
+    /// Re-attach to a job a previous process of this executor started, through its
+    /// supervisor (E9, E14); never start it again. Answer `JobStarted` if it still runs (its
+    /// output follows as `JobLog`, its end as `JobExited`), `JobExited` with the status its
+    /// supervisor recorded if it ended while the executor was down, or `JobLost` if nothing
+    /// of it is left. Emitted only by [`Executor::new`], before any other output.
+    AdoptJob {
+        /// The lease it runs under.
+        lease: LeaseId,
+        /// The job.
+        job: JobId,
+    },
     /// Stop a job politely, kill it after `grace`, then report `JobExited`.
     StopJob {
         /// The lease.
@@ -195,6 +215,9 @@ pub struct Executor {
     snapshot_seqno: u64,
     draining: bool,
     live_log: LiveLogWindow,
+    /// Adopted jobs whose stop was asked for before the restart (E7, E12): the re-attached
+    /// run is asked to stop again when the driver reports it still running (E14).
+    restop: BTreeSet<LeaseId>,
     outputs: VecDeque<ExecutorOutput>,
 }
 
@@ -203,8 +226,9 @@ impl Executor {
     ///
     /// `config` should have passed [`ExecutorConfig::validate`] (or use [`Executor::try_new`]);
     /// an invalid one never panics but may, for instance, spin on zero intervals.
-    /// Jobs the store still holds died with the previous process: each ends Failed
-    /// "executor restarted" (E9), persisted before anything else. Then it dials the mill.
+    /// Jobs the store still holds were started by a previous process under supervisors that
+    /// outlive it: each is held as running and re-adopted (`AdoptJob`, E9/E14); only a job
+    /// whose supervisor is gone ends Failed "executor restarted". Then it dials the mill.
     pub fn new(config: ExecutorConfig, store: ExecutorSnapshot, now: Time) -> Self {
         let backoff = Backoff::new(config.backoff_min, config.backoff_max, config.backoff_seed);
         let mut executor = Executor {
@@ -221,9 +245,10 @@ impl Executor {
                 start: now,
                 used: 0,
             },
+            restop: BTreeSet::new(),
             outputs: VecDeque::new(),
         };
-        executor.fail_jobs_of_previous_process();
+        executor.adopt_jobs_of_previous_process();
         executor.run_timers(now);
         executor.sync_timers();
         executor
@@ -250,6 +275,7 @@ impl Executor {
             ExecutorInput::Message { conn, msg } => self.on_message(now, conn, msg),
             ExecutorInput::Disconnected { conn } => self.on_disconnected(now, conn),
             ExecutorInput::JobStarted { lease } => self.on_job_started(lease),
+            ExecutorInput::JobLost { lease } => self.on_job_lost(lease),
             ExecutorInput::JobExited {
                 lease,
                 status,

@@ -4,12 +4,11 @@
 //! seqno a crash could take back. Events stay until acked; while disconnected they wait
 //! (E11) and a Welcome's cursor decides which are sent again (E6).
 
-use crate::job::TerminalStatus;
 use crate::types::{bounded_reason, LeaseId, Seqno};
-use crate::wire::{EndCause, Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
+use crate::wire::{Event, EventKind, ToMill, MAX_BATCH_EVENTS, MAX_REASON};
 
 use super::session::Link;
-use super::{Executor, ExecutorWrite, StopReason, RESTARTED};
+use super::{Executor, ExecutorWrite};
 
 /// A conservative budget for one batch's encoded size, far below the 1 MiB frame limit.
 const MAX_BATCH_BYTES: usize = 256 * 1024;
@@ -38,39 +37,6 @@ impl Executor {
     /// Whether the outbox still holds an event for `lease` (finished or running, not acked).
     pub(super) fn outbox_has(&self, lease: LeaseId) -> bool {
         self.durable.outbox.iter().any(|e| e.lease == lease)
-    }
-
-    /// E9: the jobs the store still holds died with the previous process. A job whose stop
-    /// was already asked for ends as that stop says (a cancel: Cancelled, E7; self-fencing:
-    /// lost contact, E12); any other ends Failed "executor restarted".
-    pub(super) fn fail_jobs_of_previous_process(&mut self) {
-        let jobs: Vec<(LeaseId, Option<StopReason>)> = self
-            .durable
-            .jobs
-            .iter()
-            .map(|(lease, job)| (*lease, job.stop.clone()))
-            .collect();
-        let mut writes = Vec::with_capacity(jobs.len() * 2);
-        for (offset, (lease, stop)) in (0u64..).zip(jobs) {
-            let (status, error, cause) = match stop {
-                Some(stop) => stop.terminal(),
-                None => (
-                    TerminalStatus::Failed,
-                    Some(RESTARTED.to_string()),
-                    EndCause::Restarted,
-                ),
-            };
-            let kind = EventKind::Terminal {
-                status,
-                exit_code: None,
-                error,
-                log: None,
-                cause,
-            };
-            writes.push(self.next_event(offset, lease, kind));
-            writes.push(ExecutorWrite::JobEnded { lease });
-        }
-        self.persist(writes);
     }
 
     /// Sends every outbox event above what this session has, in bounded batches.

@@ -60,6 +60,7 @@ fn name(o: &ExecutorOutput) -> String {
         ExecutorOutput::Close { .. } => "close".into(),
         ExecutorOutput::Persist(_) => "persist".into(),
         ExecutorOutput::StartJob { .. } => "start".into(),
+        ExecutorOutput::AdoptJob { .. } => "adopt".into(),
         ExecutorOutput::StopJob { .. } => "stop".into(),
     }
 }
@@ -88,6 +89,7 @@ fn sent(outs: &[ExecutorOutput]) -> Vec<ToMill> {
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::Persist(_)
             | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::AdoptJob { .. }
             | ExecutorOutput::StopJob { .. } => None,
         })
         .collect()
@@ -101,6 +103,7 @@ fn writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
             | ExecutorOutput::Send { .. }
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::AdoptJob { .. }
             | ExecutorOutput::StopJob { .. } => None,
         })
         .flatten()
@@ -250,6 +253,7 @@ impl Harness {
                 | ExecutorOutput::Connect
                 | ExecutorOutput::Close { .. }
                 | ExecutorOutput::StartJob { .. }
+                | ExecutorOutput::AdoptJob { .. }
                 | ExecutorOutput::StopJob { .. } => {}
             }
             outs.push(o);
@@ -354,7 +358,7 @@ fn e1_fresh_store_has_the_given_epoch_and_restart_keeps_it() {
     h.run(L1, "shell");
     let outs = h.restart(secs(3));
     assert_eq!(h.exec.epoch(), EPOCH, "restart keeps the epoch");
-    assert_eq!(names(&outs), ["persist", "connect"]);
+    assert_eq!(names(&outs), ["adopt", "connect"]);
     h.connect(Seqno(0)); // Hello asserts the epoch
 
     let (wiped, _) = Harness::with_store(config(), ExecutorSnapshot::fresh(Epoch(8)), Time::ZERO);
@@ -952,8 +956,23 @@ fn e8_release_never_stops_a_running_job() {
 
 // ---------------------------------------------------------------------------------------- E9
 
+/// The `AdoptJob` outputs of a step, in order.
+fn adoptions(outs: &[ExecutorOutput]) -> Vec<(LeaseId, JobId)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            ExecutorOutput::AdoptJob { lease, job } => Some((*lease, *job)),
+            ExecutorOutput::Connect
+            | ExecutorOutput::Send { .. }
+            | ExecutorOutput::Close { .. }
+            | ExecutorOutput::Persist(_)
+            | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::StopJob { .. } => None,
+        })
+        .collect()
+}
+
 #[test]
-fn e9_restart_fails_jobs_that_died_with_the_process() {
+fn e9_restart_adopts_jobs_through_their_supervisors_and_starts_none_again() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
     h.run(L2, "docker");
@@ -962,28 +981,171 @@ fn e9_restart_fails_jobs_that_died_with_the_process() {
         up_to: Seqno(2),
     });
     let outs = h.restart(secs(10));
-    assert_eq!(names(&outs), ["persist", "connect"]);
-    let failed = |seqno, lease| Event {
-        seqno: Seqno(seqno),
-        lease,
-        kind: terminal_by(TerminalStatus::Failed, Some(RESTARTED), EndCause::Restarted),
-    };
+    // Nothing is failed or started: each job is re-attached, then the mill is dialled.
+    assert_eq!(names(&outs), ["adopt", "adopt", "connect"]);
+    assert_eq!(adoptions(&outs), [(L1, JobId(101)), (L2, JobId(102))]);
+    assert!(writes(&outs).is_empty());
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1, L2]);
+    assert_eq!(h.store.jobs.len(), 2, "adopted jobs stay committed");
+    // Their seats stay taken: the shell engine (one seat) is full.
+    let outs = h.connect(Seqno(2));
+    let snaps = snapshots(&outs);
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].1.get("shell"), Some(&false), "{snaps:?}");
+}
+
+#[test]
+fn e14_an_adopted_job_that_still_runs_keeps_its_lease_and_reports_its_real_end() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(1),
+    });
+    h.restart(secs(10));
+    // The supervisor answers: still running. Its Running was acked, so it is appended
+    // again (a no-op repeat at the mill); no second start.
+    let outs = h.feed(ExecutorInput::JobStarted { lease: L1 });
+    assert!(!names(&outs).contains(&"start".to_string()));
+    h.connect(Seqno(1));
+    let outs = h.exited(L1, TerminalStatus::Success);
+    let events: Vec<Event> = batches(&outs).concat();
     assert_eq!(
-        writes(&outs),
-        [
-            ExecutorWrite::Append(failed(3, L1)),
-            ExecutorWrite::JobEnded { lease: L1 },
-            ExecutorWrite::Append(failed(4, L2)),
-            ExecutorWrite::JobEnded { lease: L2 },
-        ]
+        events
+            .iter()
+            .map(|e| (e.lease, e.kind.clone()))
+            .collect::<Vec<_>>(),
+        [(L1, terminal(TerminalStatus::Success, None))]
     );
     assert!(h.store.jobs.is_empty());
     assert_eq!(h.exec.running_leases().count(), 0);
+}
 
+#[test]
+fn e14_a_job_that_ended_while_the_executor_was_down_reports_its_recorded_status() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.restart(secs(10));
+    // The supervisor recorded the job's exit durably; the driver reports it as it is.
+    let outs = h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Failed,
+        exit_code: Some(3),
+        error: Some("exit status 3".into()),
+        log: None,
+    });
+    assert_eq!(
+        writes(&outs),
+        [
+            ExecutorWrite::Append(Event {
+                seqno: Seqno(2),
+                lease: L1,
+                kind: EventKind::Terminal {
+                    status: TerminalStatus::Failed,
+                    exit_code: Some(3),
+                    error: Some("exit status 3".into()),
+                    log: None,
+                    cause: EndCause::Engine,
+                },
+            }),
+            ExecutorWrite::JobEnded { lease: L1 },
+        ]
+    );
+}
+
+#[test]
+fn e9_only_a_job_whose_supervisor_is_gone_ends_executor_restarted() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.run(L2, "docker");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    h.restart(secs(10));
+    h.feed(ExecutorInput::JobStarted { lease: L2 });
+    let outs = h.feed(ExecutorInput::JobLost { lease: L1 });
+    assert_eq!(
+        writes(&outs),
+        [
+            ExecutorWrite::Append(Event {
+                seqno: Seqno(4),
+                lease: L1,
+                kind: terminal_by(TerminalStatus::Failed, Some(RESTARTED), EndCause::Restarted),
+            }),
+            ExecutorWrite::JobEnded { lease: L1 },
+        ]
+    );
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L2]);
     let outs = h.connect(Seqno(2));
-    assert_eq!(names(&outs), ["send:Snapshot", "send:EventBatch"]);
-    assert_eq!(batches(&outs), [vec![failed(3, L1), failed(4, L2)]]);
-    // Reservations were volatile: a commit for one made before the crash is not committed.
+    let leases: Vec<LeaseId> = batches(&outs).concat().iter().map(|e| e.lease).collect();
+    assert_eq!(leases, [L2, L1], "L2's Running again, then L1's terminal");
+}
+
+#[test]
+fn e14_a_cancelled_adopted_job_is_stopped_through_its_supervisor_and_ends_cancelled() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.restart(secs(1));
+    h.feed(ExecutorInput::JobStarted { lease: L1 });
+    h.connect(Seqno(1));
+    let outs = h.mill(ToExecutor::CancelAttempt {
+        lease: L1,
+        reason: "user".into(),
+    });
+    assert!(names(&outs).contains(&"stop".to_string()), "{outs:?}");
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    let events = batches(&outs).concat();
+    assert!(
+        matches!(
+            &events[..],
+            [Event {
+                kind: EventKind::Terminal {
+                    status: TerminalStatus::Cancelled,
+                    ..
+                },
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn e12_self_fencing_stops_adopted_jobs_too() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let outs = h.restart(secs(1));
+    assert_eq!(adoptions(&outs), [(L1, JobId(101))]);
+    h.feed(ExecutorInput::JobStarted { lease: L1 });
+    // Never reaches the mill: within reconnect_grace of the restart the job is stopped.
+    let grace = h.config.reconnect_grace;
+    let mut stopped = false;
+    let mut waited = Duration::ZERO;
+    while !stopped && waited <= grace {
+        let (gap, outs) = h.until_deadline();
+        waited += gap;
+        stopped = outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::StopJob { lease, .. } if *lease == L1));
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    assert!(stopped, "no stop within reconnect_grace ({waited:?})");
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    assert_eq!(
+        writes(&outs)[0],
+        ExecutorWrite::Append(Event {
+            seqno: Seqno(2),
+            lease: L1,
+            kind: terminal_by(
+                TerminalStatus::Failed,
+                Some(LOST_CONTACT),
+                EndCause::LostContact
+            ),
+        })
+    );
 }
 
 #[test]
@@ -1150,29 +1312,45 @@ fn e9_restart_after_a_cancel_ack_ends_the_job_cancelled() {
         reason: "cancelled by alice".into(),
     });
     assert_eq!(names(&outs), ["persist", "stop", "send:CancelAck"]);
-    // The process dies before the engine reports the stop.
+    // The process dies before the engine reports the stop; both jobs are adopted (E14).
     let outs = h.restart(secs(10));
-    assert_eq!(names(&outs), ["persist", "connect"]);
+    assert_eq!(names(&outs), ["adopt", "adopt", "connect"]);
+    // L1's supervisor still runs it: it is asked to stop again (the stop is durable).
+    let outs = h.feed(ExecutorInput::JobStarted { lease: L1 });
+    assert!(names(&outs).contains(&"stop".to_string()), "{outs:?}");
+    // It ends Cancelled with the cancel's reason, whatever the engine says.
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    let ended: Vec<EventKind> = writes(&outs)
+        .into_iter()
+        .filter_map(|w| match w {
+            ExecutorWrite::Append(e) if e.lease == L1 => Some(e.kind),
+            _ => None,
+        })
+        .collect();
     assert_eq!(
-        writes(&outs),
-        [
-            ExecutorWrite::Append(Event {
-                seqno: Seqno(3),
-                lease: L1,
-                kind: terminal_by(
-                    TerminalStatus::Cancelled,
-                    Some("cancelled by alice"),
-                    EndCause::Cancelled
-                ),
-            }),
-            ExecutorWrite::JobEnded { lease: L1 },
-            ExecutorWrite::Append(Event {
-                seqno: Seqno(4),
-                lease: L2,
-                kind: terminal_by(TerminalStatus::Failed, Some(RESTARTED), EndCause::Restarted),
-            }),
-            ExecutorWrite::JobEnded { lease: L2 },
-        ]
+        ended,
+        [terminal_by(
+            TerminalStatus::Cancelled,
+            Some("cancelled by alice"),
+            EndCause::Cancelled
+        )]
+    );
+    // L2's supervisor is gone: executor restarted, by cause.
+    let outs = h.feed(ExecutorInput::JobLost { lease: L2 });
+    let ended: Vec<EventKind> = writes(&outs)
+        .into_iter()
+        .filter_map(|w| match w {
+            ExecutorWrite::Append(e) if e.lease == L2 => Some(e.kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [terminal_by(
+            TerminalStatus::Failed,
+            Some(RESTARTED),
+            EndCause::Restarted
+        )]
     );
     assert!(h.store.jobs.is_empty());
 }
@@ -1195,7 +1373,9 @@ fn e9_restart_after_self_fencing_reports_lost_contact() {
         }
     }
     assert_eq!(h.store.jobs[&L1].stop, Some(StopReason::Fence));
-    let outs = h.restart(secs(1));
+    h.restart(secs(1));
+    // Its supervisor is gone (or reports the stopped run): the durable fence decides.
+    let outs = h.feed(ExecutorInput::JobLost { lease: L1 });
     let Some(ExecutorWrite::Append(event)) = writes(&outs).first().cloned() else {
         panic!("expected an append");
     };
@@ -1235,7 +1415,8 @@ fn e12_self_fences_after_reconnect_grace() {
                 ),
                 ExecutorOutput::Send { .. }
                 | ExecutorOutput::Close { .. }
-                | ExecutorOutput::StartJob { .. } => panic!("unexpected {o:?}"),
+                | ExecutorOutput::StartJob { .. }
+                | ExecutorOutput::AdoptJob { .. } => panic!("unexpected {o:?}"),
             }
         }
         if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {

@@ -1,0 +1,965 @@
+//! The job supervisor (E14): `millrace supervise`, a hidden mode of the binary, one process
+//! per job, started by the executor's shell engine (see `shell`).
+//!
+//! It outlives the executor process: it leaves the executor's session (`setsid`), becomes a
+//! child subreaper (so every orphaned descendant of the job, a `setsid` one included, is
+//! re-parented to it and not to init), starts the job (`sh -c`) as its own process group,
+//! writes the job's output to the job's log (hashing it, M25), and records the job's end
+//! durably in its directory (`exit.json`: temp file, fsync, rename, fsync of the directory)
+//! before it exits, so an executor that comes later reports the real status (E9).
+//!
+//! The liveness channel is a Unix socket in the job's directory. An executor attaches with a
+//! `Hello` naming its epoch; while attached it receives the job's output and may ask for a
+//! stop. When the connection closes (the executor died or was stopped) the supervisor waits
+//! for a new attachment; if none comes within `reconnect_grace` it stops the job itself
+//! (SIGTERM, SIGKILL after the stop grace) and records why. A `Hello` of another epoch (the
+//! executor's store was wiped) stops the job at once. So no job process outlives its
+//! executor by more than `reconnect_grace` + stop grace, whatever happened to the executor
+//! or its store.
+//!
+//! Killing "the job" kills its whole tree: the process group, every process descending from
+//! the supervisor (the subreaper catches `setsid` children and double forks), and, where the
+//! machine has a writable cgroup v2 hierarchy, every process of the job's own cgroup (which
+//! also catches a process that escaped the tree, e.g. re-parented by another subreaper).
+//! Without cgroup v2 the tree sweep is what holds the bound.
+
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The supervisor protocol's version; an executor and a supervisor of different versions
+/// refuse each other (the job is then treated as lost).
+pub const PROTOCOL: u32 = 1;
+/// The hidden subcommand.
+pub const SUBCOMMAND: &str = "supervise";
+/// Largest frame on the supervisor socket.
+pub const MAX_FRAME: usize = 1 << 20;
+/// Largest launch message (payload, environment, secrets).
+const MAX_LAUNCH: u64 = 16 << 20;
+/// Bytes read from the job's output at once (and the largest `Output` frame).
+const READ_CHUNK: usize = 32 * 1024;
+/// Largest log kept per job; the rest of the output is discarded (and said so in the log).
+const MAX_LOG: u64 = 1 << 30;
+/// How long the log reader may take to see EOF once the job's tree is gone.
+const READER_GRACE: Duration = Duration::from_secs(5);
+/// How long a write of live output to the executor may block before the supervisor drops
+/// the attachment (the log on disk is complete either way).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a Unix socket path may be (sun_path is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// The marker every job process carries in its environment: `<epoch>-<lease>`, so that an
+/// executor can find the leftovers of a supervisor that was itself killed.
+pub const RUN_ENV: &str = "MILLRACE_RUN";
+
+/// What the executor hands a new supervisor on its stdin (secrets travel here, never on disk).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Launch {
+    /// [`PROTOCOL`].
+    pub version: u32,
+    /// The executor's epoch (E1).
+    pub epoch: u64,
+    /// The lease the job runs under.
+    pub lease: u64,
+    /// The job.
+    pub job: u64,
+    /// What `sh -c` runs.
+    pub payload: Vec<u8>,
+    /// The job's environment on top of the supervisor's (ids, secrets).
+    pub env: Vec<(String, String)>,
+    /// The supervisor's directory: socket, exit record.
+    pub dir: PathBuf,
+    /// The job's working directory.
+    pub workdir: PathBuf,
+    /// The job's log file.
+    pub log: PathBuf,
+    /// How long the job runs on with no executor attached (E14).
+    pub reconnect_grace_ms: u64,
+    /// SIGTERM → SIGKILL.
+    pub stop_grace_ms: u64,
+    /// A job running longer is stopped (Timeout).
+    pub hard_cap_ms: Option<u64>,
+}
+
+/// Executor → supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToSupervisor {
+    /// First message of an attachment.
+    Hello {
+        /// [`PROTOCOL`].
+        version: u32,
+        /// The executor's epoch; another than the supervisor's stops the job at once.
+        epoch: u64,
+        /// The lease the executor expects here.
+        lease: u64,
+    },
+    /// Stop the job: SIGTERM now, SIGKILL after `grace_ms`.
+    Stop {
+        /// Milliseconds before the kill.
+        grace_ms: u64,
+    },
+}
+
+/// Supervisor → executor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromSupervisor {
+    /// The attachment is accepted; the job runs (its pid).
+    Attached {
+        /// The job's process (group leader).
+        pid: i32,
+    },
+    /// The attachment is refused.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// Job output since the last frame (the log file holds all of it).
+    Output(Vec<u8>),
+    /// The job ended and its exit record is durable; the supervisor exits.
+    Exited,
+}
+
+/// Why the supervisor stopped the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopCause {
+    /// The executor asked (cancel, self-fencing E12, shutdown).
+    Requested,
+    /// No executor attached within `reconnect_grace` (E14).
+    NoExecutor {
+        /// The grace, in milliseconds.
+        grace_ms: u64,
+    },
+    /// An executor of another epoch attached: the store that owned the job is gone (E1).
+    ForeignEpoch {
+        /// The epoch that attached.
+        epoch: u64,
+    },
+    /// The executor's hard cap on a job's run time.
+    HardCap {
+        /// The cap, in milliseconds.
+        cap_ms: u64,
+    },
+}
+
+/// The job's end, recorded durably in `exit.json` before the supervisor exits (E14).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    /// The exit code, if the job's shell exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Why the supervisor stopped it, if it did.
+    pub stopped: Option<StopCause>,
+    /// The job could not start.
+    pub spawn_error: Option<String>,
+    /// The log's sha256 (lowercase hex), if it was written whole.
+    pub log_sha256: Option<String>,
+}
+
+/// The socket of the supervisor in `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("sock")
+}
+
+/// The exit record in `dir`.
+pub fn exit_path(dir: &Path) -> PathBuf {
+    dir.join("exit.json")
+}
+
+/// The exit record in `dir`, if the supervisor wrote one.
+pub fn read_exit(dir: &Path) -> Option<ExitRecord> {
+    let bytes = std::fs::read(exit_path(dir)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Writes one length-prefixed postcard frame.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, String> {
+    let body = postcard::to_allocvec(msg).map_err(|e| format!("encode: {e}"))?;
+    if body.len() > MAX_FRAME {
+        return Err(format!(
+            "frame of {} bytes exceeds the bound of {MAX_FRAME}",
+            body.len()
+        ));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| "frame length".to_string())?;
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Reads one frame (blocking); `Ok(None)` at a clean EOF.
+fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<Option<T>, String> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(format!(
+            "frame of {len} bytes exceeds the bound of {MAX_FRAME}"
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| e.to_string())?;
+    postcard::from_bytes(&body)
+        .map(Some)
+        .map_err(|e| format!("decode: {e}"))
+}
+
+/// Writes `record` as `dir/exit.json` durably: temp file, fsync, rename, fsync of `dir`.
+fn write_exit(dir: &Path, record: &ExitRecord) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    let tmp = dir.join("exit.json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, exit_path(dir))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// `millrace supervise`: reads a [`Launch`] on stdin, listens on its socket, and supervises
+/// the job to its end. Returns the process exit code.
+pub fn main() -> std::process::ExitCode {
+    let mut raw = Vec::new();
+    if let Err(e) = std::io::stdin().take(MAX_LAUNCH + 1).read_to_end(&mut raw) {
+        eprintln!("millrace supervise: reading the launch on stdin: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    if raw.len() as u64 > MAX_LAUNCH {
+        eprintln!("millrace supervise: launch exceeds {MAX_LAUNCH} bytes");
+        return std::process::ExitCode::from(2);
+    }
+    let launch: Launch = match postcard::from_bytes(&raw) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("millrace supervise: launch: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if launch.version != PROTOCOL {
+        eprintln!(
+            "millrace supervise: launch protocol {} (this binary speaks {PROTOCOL})",
+            launch.version
+        );
+        return std::process::ExitCode::from(2);
+    }
+    // Out of the executor's session and process group: a signal to those is not the job's.
+    if let Err(e) = nix::unistd::setsid() {
+        eprintln!("millrace supervise: setsid: {e}");
+    }
+    // Orphaned descendants (setsid children, double forks) come to us, not to init.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("millrace supervise: no child subreaper ({e}); orphaned job processes are swept by their environment marker only");
+    }
+    match Supervisor::run(launch) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("millrace supervise: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+enum Ev {
+    Hello {
+        id: u64,
+        stream: UnixStream,
+        version: u32,
+        epoch: u64,
+        lease: u64,
+    },
+    Stop {
+        id: u64,
+        grace: Duration,
+    },
+    Gone(u64),
+    Output(Vec<u8>),
+    OutputEnd(Result<String, String>),
+    JobExit(WaitStatus),
+}
+
+struct Supervisor {
+    launch: Launch,
+    tx: mpsc::Sender<Ev>,
+    /// The attached executor, if any: (attachment id, stream).
+    attached: Option<(u64, UnixStream)>,
+    /// Since when no executor is attached (from the start until the first attachment).
+    detached_since: Option<Instant>,
+    /// The stop in progress: why, and when SIGKILL follows.
+    stopping: Option<(StopCause, Instant)>,
+    /// The job's shell (its process group leader), once started.
+    job_pid: Option<Pid>,
+    cgroup: Option<PathBuf>,
+    started: Instant,
+}
+
+impl Supervisor {
+    fn run(launch: Launch) -> Result<(), String> {
+        let dir = launch.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let listener = match bind(&socket_path(&dir)) {
+            Ok(l) => l,
+            Err(e) => {
+                not_started(&dir, &e)?;
+                return Err(e);
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || accept(&listener, &tx));
+        }
+        let mut sup = Supervisor {
+            launch,
+            tx,
+            attached: None,
+            detached_since: Some(Instant::now()),
+            stopping: None,
+            job_pid: None,
+            cgroup: None,
+            started: Instant::now(),
+        };
+        // The job starts only once its executor has attached: an executor that died between
+        // persisting the commit and attaching never leaves a job running that nobody owns
+        // (its restart finds no live job, E9), and one that never comes starts nothing.
+        if !sup.await_first_attachment(&rx) {
+            let why = format!(
+                "no executor attached within {:?}; the job was not started",
+                sup.grace()
+            );
+            not_started(&dir, &why)?;
+            return Err(why);
+        }
+        match spawn_job(&sup.launch, sup.tx.clone()) {
+            Ok((pid, cgroup)) => {
+                sup.job_pid = Some(pid);
+                sup.cgroup = cgroup;
+                sup.started = Instant::now();
+                let tx = sup.tx.clone();
+                std::thread::spawn(move || reap(pid, &tx));
+            }
+            Err(e) => {
+                not_started(&dir, &e)?;
+                sup.forward(FromSupervisor::Exited);
+                return Err(format!("the job could not start: {e}"));
+            }
+        }
+        let pid = sup.job_pid.map_or(0, Pid::as_raw);
+        sup.forward(FromSupervisor::Attached { pid });
+        let status = sup.supervise(&rx);
+        sup.finish(&rx, status)
+    }
+
+    /// Waits up to `reconnect_grace` for a valid `Hello`; true when one came.
+    fn await_first_attachment(&mut self, rx: &mpsc::Receiver<Ev>) -> bool {
+        let deadline = Instant::now() + self.grace();
+        while self.attached.is_none() && self.stopping.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match rx.recv_timeout(left) {
+                Ok(ev) => self.on_event(ev),
+                Err(_) => return false,
+            }
+        }
+        self.attached.is_some() && self.stopping.is_none()
+    }
+
+    fn grace(&self) -> Duration {
+        Duration::from_millis(self.launch.reconnect_grace_ms)
+    }
+
+    /// Runs until the job's shell exits; returns its wait status.
+    fn supervise(&mut self, rx: &mpsc::Receiver<Ev>) -> WaitStatus {
+        loop {
+            let now = Instant::now();
+            // Self-fencing (E14): no executor for reconnect_grace.
+            if self.stopping.is_none() {
+                if let Some(since) = self.detached_since {
+                    if now >= since + self.grace() {
+                        let grace_ms = self.launch.reconnect_grace_ms;
+                        eprintln!("millrace supervise: no executor attached for {grace_ms} ms: stopping the job (E14)");
+                        self.stop(StopCause::NoExecutor { grace_ms }, self.stop_grace());
+                    }
+                }
+            }
+            if self.stopping.is_none() {
+                if let Some(cap) = self.launch.hard_cap_ms {
+                    if now >= self.started + Duration::from_millis(cap) {
+                        self.stop(StopCause::HardCap { cap_ms: cap }, self.stop_grace());
+                    }
+                }
+            }
+            if let Some((_, kill_at)) = &self.stopping {
+                if now >= *kill_at {
+                    self.kill_tree(Signal::SIGKILL);
+                }
+            }
+            let wait = Duration::from_millis(100);
+            match rx.recv_timeout(wait) {
+                Ok(Ev::JobExit(status)) => return status,
+                Ok(ev) => self.on_event(ev),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Cannot happen: we hold a sender. Treat as the job being gone.
+                    return WaitStatus::StillAlive;
+                }
+            }
+        }
+    }
+
+    fn stop_grace(&self) -> Duration {
+        Duration::from_millis(self.launch.stop_grace_ms)
+    }
+
+    fn on_event(&mut self, ev: Ev) {
+        match ev {
+            Ev::Hello {
+                id,
+                mut stream,
+                version,
+                epoch,
+                lease,
+            } => {
+                let refuse = if version != PROTOCOL {
+                    Some(format!(
+                        "protocol {version}, this supervisor speaks {PROTOCOL}"
+                    ))
+                } else if lease != self.launch.lease {
+                    Some(format!(
+                        "this supervisor runs lease {}, not {lease}",
+                        self.launch.lease
+                    ))
+                } else if epoch != self.launch.epoch {
+                    Some(format!(
+                        "epoch {epoch} is not the epoch {} that started this job",
+                        self.launch.epoch
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = refuse {
+                    let _ = send(&mut stream, &FromSupervisor::Refused { reason });
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                    if version == PROTOCOL && epoch != self.launch.epoch && self.stopping.is_none()
+                    {
+                        // The store that owned this job is gone (E1): no executor of our
+                        // epoch will come; stop now instead of at the grace.
+                        eprintln!("millrace supervise: an executor of epoch {epoch} attached; stopping the job");
+                        self.stop(StopCause::ForeignEpoch { epoch }, self.stop_grace());
+                    }
+                    return;
+                }
+                let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                // Before the job starts, `run` says Attached once it has.
+                if let Some(pid) = self.job_pid {
+                    let attached = FromSupervisor::Attached { pid: pid.as_raw() };
+                    if send(&mut stream, &attached).is_err() {
+                        return;
+                    }
+                }
+                if let Some((_, old)) = self.attached.replace((id, stream)) {
+                    let _ = old.shutdown(std::net::Shutdown::Both);
+                }
+                self.detached_since = None;
+            }
+            Ev::Stop { id, grace } => {
+                if self.attached.as_ref().is_some_and(|(a, _)| *a == id) && self.stopping.is_none()
+                {
+                    self.stop(StopCause::Requested, grace);
+                }
+            }
+            Ev::Gone(id) => {
+                if self.attached.as_ref().is_some_and(|(a, _)| *a == id) {
+                    self.detach();
+                }
+            }
+            Ev::Output(bytes) => self.forward(FromSupervisor::Output(bytes)),
+            Ev::OutputEnd(_) | Ev::JobExit(_) => {}
+        }
+    }
+
+    fn detach(&mut self) {
+        if let Some((_, s)) = self.attached.take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.detached_since = Some(Instant::now());
+    }
+
+    fn forward(&mut self, msg: FromSupervisor) {
+        let failed = match &mut self.attached {
+            Some((_, s)) => send(s, &msg).is_err(),
+            None => false,
+        };
+        if failed {
+            self.detach();
+        }
+    }
+
+    fn stop(&mut self, cause: StopCause, grace: Duration) {
+        self.kill_tree(Signal::SIGTERM);
+        self.stopping = Some((cause, Instant::now() + grace));
+    }
+
+    /// Signals every process of the job: its group, the supervisor's descendants (the
+    /// subreaper keeps orphans there) and its cgroup. For SIGKILL, repeats until none is
+    /// left (bounded), so a process forking while being killed is caught too.
+    fn kill_tree(&self, sig: Signal) {
+        let me = std::process::id();
+        let rounds = if sig == Signal::SIGKILL { 200 } else { 1 };
+        for _ in 0..rounds {
+            if let Some(pid) = self.job_pid {
+                let _ = killpg(pid, sig);
+            }
+            let mut pids = descendants(me);
+            if let Some(cg) = &self.cgroup {
+                pids.extend(cgroup_procs(cg).into_iter().filter(|p| *p != me));
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                if let Ok(pid) = i32::try_from(pid) {
+                    let _ = kill(Pid::from_raw(pid), sig);
+                }
+            }
+            if rounds > 1 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// The job's shell exited: kill what it left, let the log reader finish, record the end
+    /// durably, tell the attached executor, and exit.
+    fn finish(mut self, rx: &mpsc::Receiver<Ev>, status: WaitStatus) -> Result<(), String> {
+        self.kill_tree(Signal::SIGKILL);
+        let deadline = Instant::now() + READER_GRACE;
+        let mut hash = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left) {
+                Ok(Ev::OutputEnd(h)) => {
+                    match h {
+                        Ok(h) => hash = Some(h),
+                        Err(e) => eprintln!("millrace supervise: job log: {e}"),
+                    }
+                    break;
+                }
+                Ok(ev) => self.on_event(ev),
+                Err(_) => break,
+            }
+        }
+        if hash.is_none() {
+            hash = std::fs::read(&self.launch.log)
+                .ok()
+                .map(|b| hex(&Sha256::digest(&b)));
+        }
+        let (code, signal) = match status {
+            WaitStatus::Exited(_, code) => (Some(code), None),
+            WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
+            _ => (None, None),
+        };
+        let record = ExitRecord {
+            code,
+            signal,
+            stopped: self.stopping.as_ref().map(|(c, _)| c.clone()),
+            spawn_error: None,
+            log_sha256: hash,
+        };
+        write_exit(&self.launch.dir, &record).map_err(|e| format!("exit record: {e}"))?;
+        if let Some(cg) = &self.cgroup {
+            let _ = std::fs::remove_dir(cg);
+        }
+        self.forward(FromSupervisor::Exited);
+        drop(self.tx);
+        Ok(())
+    }
+}
+
+/// Records that the job never started, and why.
+fn not_started(dir: &Path, why: &str) -> Result<(), String> {
+    let record = ExitRecord {
+        code: None,
+        signal: None,
+        stopped: None,
+        spawn_error: Some(why.to_string()),
+        log_sha256: None,
+    };
+    write_exit(dir, &record).map_err(|e| format!("exit record: {e}"))
+}
+
+fn send(s: &mut UnixStream, msg: &FromSupervisor) -> Result<(), String> {
+    let frame = encode(msg)?;
+    s.write_all(&frame).map_err(|e| e.to_string())
+}
+
+fn bind(sock: &Path) -> Result<UnixListener, String> {
+    let len = sock.as_os_str().as_bytes().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(format!(
+            "supervisor socket path {} is {len} bytes, the limit is {MAX_SOCKET_PATH}: use a shorter --data directory",
+            sock.display()
+        ));
+    }
+    let _ = std::fs::remove_file(sock);
+    UnixListener::bind(sock).map_err(|e| format!("{}: {e}", sock.display()))
+}
+
+fn accept(listener: &UnixListener, tx: &mpsc::Sender<Ev>) {
+    let mut next = 0u64;
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        next += 1;
+        let id = next;
+        let tx = tx.clone();
+        std::thread::spawn(move || attachment(id, stream, &tx));
+    }
+}
+
+/// One executor attachment: its Hello, then its stops, until it closes.
+fn attachment(id: u64, mut stream: UnixStream, tx: &mpsc::Sender<Ev>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let hello = read_frame::<ToSupervisor>(&mut stream);
+    let _ = stream.set_read_timeout(None);
+    let Ok(Some(ToSupervisor::Hello {
+        version,
+        epoch,
+        lease,
+    })) = hello
+    else {
+        return;
+    };
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
+    if tx
+        .send(Ev::Hello {
+            id,
+            stream: writer,
+            version,
+            epoch,
+            lease,
+        })
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        match read_frame::<ToSupervisor>(&mut stream) {
+            Ok(Some(ToSupervisor::Stop { grace_ms })) => {
+                let grace = Duration::from_millis(grace_ms);
+                if tx.send(Ev::Stop { id, grace }).is_err() {
+                    return;
+                }
+            }
+            Ok(Some(ToSupervisor::Hello { .. })) => {}
+            Ok(None) | Err(_) => {
+                let _ = tx.send(Ev::Gone(id));
+                return;
+            }
+        }
+    }
+}
+
+/// Reaps every child (the subreaper inherits orphans); reports the job's shell.
+fn reap(job: Pid, tx: &mpsc::Sender<Ev>) {
+    loop {
+        match waitpid(None::<Pid>, None) {
+            Ok(status @ (WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)))
+                if pid == job =>
+            {
+                let _ = tx.send(Ev::JobExit(status));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Starts the job: `sh -c payload` in its working directory, its own process group, output
+/// to a pipe read into the log; inside its own cgroup where one can be made.
+fn spawn_job(launch: &Launch, tx: mpsc::Sender<Ev>) -> Result<(Pid, Option<PathBuf>), String> {
+    let _ = std::fs::remove_dir_all(&launch.workdir);
+    std::fs::create_dir_all(&launch.workdir)
+        .map_err(|e| format!("{}: {e}", launch.workdir.display()))?;
+    if let Some(d) = launch.log.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let log =
+        std::fs::File::create(&launch.log).map_err(|e| format!("{}: {e}", launch.log.display()))?;
+    let (read_end, write_end) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let cgroup = cgroup::enter(launch.epoch, launch.lease);
+    let child = {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(std::ffi::OsStr::from_bytes(&launch.payload))
+            .current_dir(&launch.workdir)
+            .stdin(std::process::Stdio::null())
+            .stdout(write_end.try_clone().map_err(|e| format!("pipe: {e}"))?)
+            .stderr(write_end)
+            .process_group(0);
+        for (k, v) in &launch.env {
+            cmd.env(k, v);
+        }
+        cmd.env(RUN_ENV, format!("{}-{}", launch.epoch, launch.lease));
+        cmd.spawn()
+    };
+    // The job (and whatever it starts) stays in the cgroup; the supervisor leaves it, so
+    // that killing the cgroup never kills the supervisor.
+    let cgroup = cgroup.and_then(cgroup::leave);
+    let child = child.map_err(|e| format!("sh: {e}"))?;
+    let pid = i32::try_from(child.id()).map_err(|_| "pid out of range".to_string())?;
+    // The reaper thread waits for it (and for every orphan); the handle is not needed.
+    drop(child);
+    std::thread::spawn(move || {
+        let r = pump(read_end, log, &tx);
+        let _ = tx.send(Ev::OutputEnd(r));
+    });
+    Ok((Pid::from_raw(pid), cgroup))
+}
+
+/// Copies the job's output to its log and to the main loop; returns the log's sha256.
+fn pump(
+    mut from: std::io::PipeReader,
+    mut log: std::fs::File,
+    tx: &mpsc::Sender<Ev>,
+) -> Result<String, String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut written = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        if written >= MAX_LOG {
+            continue;
+        }
+        let mut chunk = buf.get(..n).unwrap_or_default();
+        let room = usize::try_from(MAX_LOG - written).unwrap_or(usize::MAX);
+        let cut = chunk.len() > room;
+        if cut {
+            chunk = chunk.get(..room).unwrap_or_default();
+        }
+        log.write_all(chunk).map_err(|e| e.to_string())?;
+        hasher.update(chunk);
+        written += chunk.len() as u64;
+        if cut {
+            let marker = b"\n[millrace: log truncated at the executor's limit]\n";
+            log.write_all(marker).map_err(|e| e.to_string())?;
+            hasher.update(marker);
+            written = MAX_LOG;
+        }
+        let _ = tx.send(Ev::Output(chunk.to_vec()));
+    }
+    log.sync_data().map_err(|e| e.to_string())?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// (pid, ppid, zombie) of every process, from /proc.
+fn processes() -> Vec<(u32, u32, bool)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command name (which may hold spaces and parentheses).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let ppid = fields
+            .next()
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        out.push((pid, ppid, state == "Z" || state == "X"));
+    }
+    out
+}
+
+/// Every live (not zombie) process descending from `root`.
+fn descendants(root: u32) -> Vec<u32> {
+    let procs = processes();
+    let mut found = vec![root];
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(&parent) = found.get(i) {
+        i += 1;
+        for &(pid, ppid, zombie) in &procs {
+            if ppid == parent && !found.contains(&pid) {
+                found.push(pid);
+                if !zombie {
+                    out.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The pids in a cgroup.
+fn cgroup_procs(cg: &Path) -> Vec<u32> {
+    std::fs::read_to_string(cg.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Processes carrying the run marker of (`epoch`, `lease`) in their environment: the
+/// leftovers of a job whose supervisor was killed. Returns how many were SIGKILLed.
+pub fn kill_marked(epoch: u64, lease: u64) -> usize {
+    let marker = format!("{RUN_ENV}={epoch}-{lease}");
+    let mut killed = 0;
+    for (pid, _, zombie) in processes() {
+        if zombie {
+            continue;
+        }
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+            if let Ok(p) = i32::try_from(pid) {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
+
+/// The job's own cgroup v2, where the machine has a writable unified hierarchy: made as a
+/// child of the supervisor's cgroup; the supervisor enters it to spawn the job (which
+/// inherits it) and leaves it right after. Any failure means no cgroup (the tree sweep
+/// holds the bound alone); it is logged, never fatal.
+mod cgroup {
+    use std::path::PathBuf;
+
+    /// The unified hierarchy's mount point and this process's cgroup in it.
+    fn own() -> Option<(PathBuf, PathBuf)> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = info.lines().find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let fstype = post.split_whitespace().next()?;
+            (fstype == "cgroup2").then(|| pre.split_whitespace().nth(4).map(PathBuf::from))?
+        })?;
+        let me = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let path = me.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let rel = path.trim().trim_start_matches('/');
+        let own = if rel.is_empty() {
+            mount.clone()
+        } else {
+            mount.join(rel)
+        };
+        Some((mount, own))
+    }
+
+    /// Makes the job's cgroup and moves the supervisor into it. Returns (job cgroup, the
+    /// supervisor's own cgroup to go back to).
+    pub(super) fn enter(epoch: u64, lease: u64) -> Option<(PathBuf, PathBuf)> {
+        let (_, own) = own()?;
+        let job = own.join(format!("millrace-{epoch}-{lease}"));
+        if let Err(e) = std::fs::create_dir(&job) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                eprintln!(
+                    "millrace supervise: no cgroup for the job ({}: {e}); using the process-tree sweep",
+                    job.display()
+                );
+                return None;
+            }
+        }
+        let me = std::process::id().to_string();
+        if let Err(e) = std::fs::write(job.join("cgroup.procs"), &me) {
+            eprintln!("millrace supervise: cannot enter the job's cgroup ({e}); using the process-tree sweep");
+            let _ = std::fs::remove_dir(&job);
+            return None;
+        }
+        Some((job, own))
+    }
+
+    /// Moves the supervisor back out; the job's cgroup, if that worked.
+    pub(super) fn leave((job, own): (PathBuf, PathBuf)) -> Option<PathBuf> {
+        let me = std::process::id().to_string();
+        match std::fs::write(own.join("cgroup.procs"), &me) {
+            Ok(()) => Some(job),
+            Err(e) => {
+                // Still inside: the cgroup would include the supervisor. Kill by the tree
+                // sweep only (the supervisor never signals itself).
+                eprintln!("millrace supervise: cannot leave the job's cgroup ({e}); using the process-tree sweep");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e14_frames_round_trip_and_oversized_frames_are_refused() {
+        let msg = ToSupervisor::Stop { grace_ms: 1500 };
+        let frame = encode(&msg).unwrap();
+        let back: Option<ToSupervisor> = read_frame(&mut frame.as_slice()).unwrap();
+        assert_eq!(back, Some(msg));
+        let mut big = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        big.extend_from_slice(&[0; 8]);
+        let err = read_frame::<ToSupervisor>(&mut big.as_slice()).unwrap_err();
+        assert!(err.contains("exceeds the bound"), "{err}");
+    }
+
+    #[test]
+    fn e14_exit_record_is_written_whole_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = ExitRecord {
+            code: Some(3),
+            signal: None,
+            stopped: Some(StopCause::NoExecutor { grace_ms: 45_000 }),
+            spawn_error: None,
+            log_sha256: Some("ab".repeat(32)),
+        };
+        write_exit(dir.path(), &record).unwrap();
+        assert_eq!(read_exit(dir.path()), Some(record));
+        assert!(!dir.path().join("exit.json.tmp").exists());
+    }
+}
