@@ -164,6 +164,9 @@ fn recorded_as_reported(
     same && exit_code == t.exit_code
 }
 
+/// An I11 deadline and the connections it holds on.
+type Due = (Micros, Vec<ConnId>);
+
 /// A cancel the mill accepted (I11).
 #[derive(Debug, Clone)]
 struct CancelRec {
@@ -353,6 +356,17 @@ fn describe(msg: &ToMill) -> String {
         } => format!("ReserveResult {lease} accepted, resources {resources:?}"),
         other => format!("{other:?}").chars().take(120).collect(),
     }
+}
+
+/// One of `conns` is still open at both ends, from the running mill incarnation (I11).
+fn still_connected(w: &World, conns: &[ConnId]) -> bool {
+    w.mill.is_some()
+        && conns.iter().any(|id| {
+            w.net
+                .conns
+                .get(id)
+                .is_some_and(|k| k.mill_open && k.exec_open && k.mill_inc == w.mill_inc)
+        })
 }
 
 /// The exec index of a node id `x<i>`.
@@ -1687,37 +1701,38 @@ impl Checker {
         });
     }
 
+    /// Takes the I11 deadlines (`which` of each cancel) that `now` has passed.
+    fn take_due(
+        &mut self,
+        now: Micros,
+        which: fn(&mut CancelRec) -> &mut Option<Due>,
+    ) -> Vec<(JobId, Micros, Vec<ConnId>)> {
+        let mut due = Vec::new();
+        for (job, c) in &mut self.cancels {
+            let slot = which(c);
+            if slot.as_ref().is_some_and(|(d, _)| now > *d) {
+                if let Some((d, conns)) = slot.take() {
+                    due.push((*job, d, conns));
+                }
+            }
+        }
+        due
+    }
+
     /// I11 with M26's teardown deadline: a cancel accepted while the job's node was
     /// connected and ready ends the job in the mill's books within `cancel_ack_timeout +
     /// cancel_teardown_timeout` (+ slack for a lagging driver) as long as that connection
     /// stays open and the mill does not restart — even when the engine never stops (a kill
     /// that does not take): the user's cancel must not wait on a stuck process.
     fn i11_teardown_bound(&mut self, w: &World) -> Result<(), Violation> {
-        let now = w.now;
-        let due: Vec<JobId> = self
-            .cancels
-            .iter()
-            .filter(|(_, c)| c.teardown.as_ref().is_some_and(|(d, _)| now > *d))
-            .map(|(j, _)| *j)
-            .collect();
-        for job in due {
-            let Some(c) = self.cancels.get_mut(&job) else {
+        for (job, deadline, conns) in self.take_due(w.now, |c| &mut c.teardown) {
+            let Some(c) = self.cancels.get(&job) else {
                 continue;
             };
-            let Some((deadline, conns)) = c.teardown.take() else {
-                continue;
-            };
-            if c.mill_inc != w.mill_inc || self.terminals.contains_key(&job) {
-                continue;
-            }
-            let connected = w.mill.is_some()
-                && conns.iter().any(|id| {
-                    w.net
-                        .conns
-                        .get(id)
-                        .is_some_and(|k| k.mill_open && k.exec_open && k.mill_inc == w.mill_inc)
-                });
-            if !connected {
+            if c.mill_inc != w.mill_inc
+                || self.terminals.contains_key(&job)
+                || !still_connected(w, &conns)
+            {
                 continue;
             }
             return fail(
@@ -1845,30 +1860,13 @@ impl Checker {
     /// ignores stops (`slow_stop`: it models a kill that does not take) is left to M26's
     /// teardown deadline and I1's bound.
     fn i11_stop_bound(&mut self, w: &World) -> Result<(), Violation> {
-        let now = w.now;
         self.i11_teardown_bound(w)?;
-        let due: Vec<JobId> = self
-            .cancels
-            .iter()
-            .filter(|(_, c)| c.deadline.as_ref().is_some_and(|(d, _)| now > *d))
-            .map(|(j, _)| *j)
-            .collect();
-        for job in due {
-            let Some(c) = self.cancels.get_mut(&job) else {
-                continue;
-            };
-            let Some((deadline, conns)) = c.deadline.take() else {
+        for (job, deadline, conns) in self.take_due(w.now, |c| &mut c.deadline) {
+            let Some(c) = self.cancels.get(&job) else {
                 continue;
             };
             let (at, target) = (c.at, c.target);
-            let connected = w.mill.is_some()
-                && conns.iter().any(|id| {
-                    w.net
-                        .conns
-                        .get(id)
-                        .is_some_and(|k| k.mill_open && k.exec_open && k.mill_inc == w.mill_inc)
-                });
-            if !connected {
+            if !still_connected(w, &conns) {
                 continue;
             }
             let Some(runs) = self.job_runs.get(&job) else {

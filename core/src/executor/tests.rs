@@ -166,6 +166,17 @@ fn reserve_result(outs: &[ExecutorOutput]) -> (bool, Option<RejectKind>, String,
     found.expect("a ReserveResult")
 }
 
+/// The events `outs` appends to the outbox for `lease`.
+fn appended(outs: &[ExecutorOutput], lease: LeaseId) -> Vec<EventKind> {
+    writes(outs)
+        .into_iter()
+        .filter_map(|w| match w {
+            ExecutorWrite::Append(e) if e.lease == lease => Some(e.kind),
+            _ => None,
+        })
+        .collect()
+}
+
 fn terminal(status: TerminalStatus, error: Option<&str>) -> EventKind {
     terminal_by(status, error, EndCause::Engine)
 }
@@ -1320,13 +1331,7 @@ fn e9_restart_after_a_cancel_ack_ends_the_job_cancelled() {
     assert!(names(&outs).contains(&"stop".to_string()), "{outs:?}");
     // It ends Cancelled with the cancel's reason, whatever the engine says.
     let outs = h.exited(L1, TerminalStatus::Failed);
-    let ended: Vec<EventKind> = writes(&outs)
-        .into_iter()
-        .filter_map(|w| match w {
-            ExecutorWrite::Append(e) if e.lease == L1 => Some(e.kind),
-            _ => None,
-        })
-        .collect();
+    let ended = appended(&outs, L1);
     assert_eq!(
         ended,
         [terminal_by(
@@ -1337,13 +1342,7 @@ fn e9_restart_after_a_cancel_ack_ends_the_job_cancelled() {
     );
     // L2's supervisor is gone: executor restarted, by cause.
     let outs = h.feed(ExecutorInput::JobLost { lease: L2 });
-    let ended: Vec<EventKind> = writes(&outs)
-        .into_iter()
-        .filter_map(|w| match w {
-            ExecutorWrite::Append(e) if e.lease == L2 => Some(e.kind),
-            _ => None,
-        })
-        .collect();
+    let ended = appended(&outs, L2);
     assert_eq!(
         ended,
         [terminal_by(
