@@ -1229,12 +1229,18 @@ impl Sim {
             return;
         }
         if let ExecutorInput::Message {
+            conn,
             msg: ToExecutor::CancelAttempt { lease, .. },
-            ..
         } = &input
         {
-            // Reached it: the executor handles it now (a hung one only when it resumes).
-            self.c.cancel_delivered(i, *lease, now);
+            // Reached it: the executor handles it now (a hung one only when it resumes) —
+            // unless it has already closed that connection (a hung executor's late silence
+            // timer may close it just before the waiting message is handed over; the
+            // executor drops messages of a connection it closed, and the mill re-sends).
+            let open = self.w.net.conns.get(conn).is_some_and(|c| c.exec_open);
+            if open {
+                self.c.cancel_delivered(i, *lease, now);
+            }
         }
         // No pre-tick: the executor runs its due timers inside `handle` (the node's driver
         // hands it inputs the same way, and ticks only after a batch), so a step may hold

@@ -330,3 +330,19 @@ fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
         started_after_heal.len()
     );
 }
+
+/// Found by the 2,000-seed sweep (hang seed 844): a hung executor resumed, its late silence
+/// timer closed the connection, and the mill's `CancelAttempt` waiting on that connection was
+/// then dropped by the executor. The checker had counted the cancel as delivered and called
+/// the job's own later success an I11 breach; the cancel reaches an executor only on a
+/// connection it still has open (the mill re-sends it on the next one, M26).
+#[test]
+fn i11_a_cancel_dropped_with_a_connection_the_executor_closed_is_not_delivered() {
+    let lines = replay_clean("hang", 844);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("> close c1 \"mill silent for")),
+        "hang 844 no longer closes c1 on a late silence timer"
+    );
+}
