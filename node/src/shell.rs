@@ -26,6 +26,11 @@ use crate::supervisor::{self, ExitRecord, FromSupervisor, Launch, StopCause, ToS
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long connecting to (and greeting) a supervisor may take.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a job's attachment waits for its terminal to be durable here before leaving
+/// the supervisor to make its exit record durable itself.
+const COLLECT_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between attempts to connect to a supervisor that is starting up.
+const CONNECT_POLL_MAX: Duration = Duration::from_millis(20);
 /// Stops queued for one job at most (a job is stopped once; repeats are dropped).
 const STOP_QUEUE: usize = 4;
 
@@ -52,6 +57,9 @@ pub struct ShellEngine {
     runtime: tokio::runtime::Handle,
     /// Stop requests for each job's attachment task.
     running: BTreeMap<LeaseId, mpsc::Sender<Duration>>,
+    /// For each job's attachment task: the signal that its terminal is durable in this
+    /// executor's store, passed on to the supervisor as `Collected`.
+    collecting: BTreeMap<LeaseId, tokio::sync::oneshot::Sender<()>>,
 }
 
 /// How a job's attachment task begins.
@@ -78,6 +86,7 @@ impl ShellEngine {
             tx,
             runtime,
             running: BTreeMap::new(),
+            collecting: BTreeMap::new(),
         })
     }
 
@@ -135,13 +144,15 @@ impl ShellEngine {
     fn spawn_task(&mut self, lease: LeaseId, mode: Mode) {
         let (stop_tx, stop_rx) = mpsc::channel(STOP_QUEUE);
         self.running.insert(lease, stop_tx);
+        let (collected_tx, collected_rx) = tokio::sync::oneshot::channel();
+        self.collecting.insert(lease, collected_tx);
         let ctx = Ctx {
             lease,
             settings: self.settings.clone(),
             dir: Self::job_dir(&self.settings.data, lease),
             tx: self.tx.clone(),
         };
-        self.runtime.spawn(attend(ctx, mode, stop_rx));
+        self.runtime.spawn(attend(ctx, mode, stop_rx, collected_rx));
     }
 
     /// Stops a job (`StopJob`): its supervisor sends SIGTERM to the job's tree now and
@@ -160,6 +171,9 @@ impl ShellEngine {
     /// The job's terminal is durable in the outbox: its supervisor's directory and working
     /// directory go (its log stays).
     pub fn collected(&mut self, lease: LeaseId) {
+        if let Some(collected) = self.collecting.remove(&lease) {
+            let _ = collected.send(());
+        }
         let data = &self.settings.data;
         let _ = std::fs::remove_dir_all(Self::job_dir(data, lease));
         let _ = std::fs::remove_dir_all(data.join("work").join(lease.get().to_string()));
@@ -173,6 +187,9 @@ impl ShellEngine {
             tracing::warn!(%lease, grace = ?self.settings.reconnect_grace, "leaving the job to its supervisor: the next executor process adopts it, or the supervisor stops it after reconnect_grace (E14)");
         }
         self.running.clear();
+        // Their attachments close without `Collected`: each supervisor that already
+        // recorded an end makes its record durable itself.
+        self.collecting.clear();
     }
 
     /// At start, before the core adopts its jobs: supervisors in `jobs/` whose lease the
@@ -264,7 +281,12 @@ enum Ended {
 }
 
 /// One job's attachment: launch (for a new job), attach, relay, report the end.
-async fn attend(ctx: Ctx, mode: Mode, mut stops: mpsc::Receiver<Duration>) {
+async fn attend(
+    ctx: Ctx,
+    mode: Mode,
+    mut stops: mpsc::Receiver<Duration>,
+    collected: tokio::sync::oneshot::Receiver<()>,
+) {
     let lease = ctx.lease;
     let adopting = matches!(mode, Mode::Adopt);
     if let Mode::Start(Err(e)) = mode {
@@ -283,13 +305,14 @@ async fn attend(ctx: Ctx, mode: Mode, mut stops: mpsc::Receiver<Duration>) {
         ctx.report(input).await;
         return;
     }
-    let ended = match attach(&ctx).await {
+    let (ended, writer) = match attach(&ctx).await {
         Ok((reader, mut writer, pid)) => {
             tracing::info!(%lease, pid, adopted = adopting, "attached to the job's supervisor");
             ctx.report(ExecutorInput::JobStarted { lease }).await;
-            relay(&ctx, reader, &mut writer, &mut stops).await
+            let ended = relay(&ctx, reader, &mut writer, &mut stops).await;
+            (ended, Some(writer))
         }
-        Err(e) => Ended::Closed(e),
+        Err(e) => (Ended::Closed(e), None),
     };
     let input = match (supervisor::read_exit(&ctx.dir), &ended) {
         (Some(rec), _) => exited(lease, &rec, &ctx.settings),
@@ -319,6 +342,15 @@ async fn attend(ctx: Ctx, mode: Mode, mut stops: mpsc::Receiver<Duration>) {
         }
     };
     ctx.report(input).await;
+    // The supervisor holds its exit record unsynced until this executor's store has the
+    // terminal (`collected`); then it may exit without an fsync of its own.
+    if let (Ended::Exited, Some(mut writer)) = (ended, writer) {
+        if let Ok(Ok(())) = tokio::time::timeout(COLLECT_WAIT, collected).await {
+            if let Err(e) = write_frame(&mut writer, &ToSupervisor::Collected).await {
+                tracing::debug!(%lease, error = %e, "the supervisor left before Collected");
+            }
+        }
+    }
 }
 
 /// Starts `millrace supervise` for a new job and hands it its launch on stdin (secrets
@@ -396,6 +428,9 @@ fn supervisor_alive(dir: &Path) -> bool {
 async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
     let sock = supervisor::socket_path(dir);
     let deadline = tokio::time::Instant::now() + LAUNCH_TIMEOUT;
+    // A supervisor listens a few milliseconds after its spawn: poll often at first, then
+    // back off to CONNECT_POLL_MAX.
+    let mut pause = Duration::from_millis(1);
     loop {
         let err = match tokio::net::UnixStream::connect(&sock).await {
             Ok(s) => return Ok(s),
@@ -412,7 +447,8 @@ async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
                 "the supervisor did not listen within {LAUNCH_TIMEOUT:?} ({err})"
             ));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(CONNECT_POLL_MAX);
     }
 }
 
