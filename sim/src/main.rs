@@ -72,6 +72,10 @@ enum Command {
         /// Worker threads for `--all-scenarios` (1..=64).
         #[arg(long, default_value_t = 1)]
         jobs: usize,
+        /// With `--all-scenarios`: leave out this scenario (repeatable), e.g. a slow one
+        /// run separately with fewer seeds.
+        #[arg(long, requires = "all_scenarios")]
+        except: Vec<String>,
         #[command(flatten)]
         which: Which,
     },
@@ -179,9 +183,24 @@ fn main() -> ExitCode {
             start,
             all_scenarios: true,
             jobs,
+            except,
             ..
         } => match library(dir) {
-            Ok(all) => campaign(&all, start, seeds, jobs),
+            Ok(all) => {
+                if let Some(unknown) = except.iter().find(|e| !all.iter().any(|s| &s.name == *e)) {
+                    eprintln!("error: --except {unknown}: no such scenario (see `list`)");
+                    return ExitCode::from(2);
+                }
+                let kept: Vec<Scenario> = all
+                    .into_iter()
+                    .filter(|s| !except.contains(&s.name))
+                    .collect();
+                if kept.is_empty() {
+                    eprintln!("error: --except leaves no scenario to run");
+                    return ExitCode::from(2);
+                }
+                campaign(&kept, start, seeds, jobs)
+            }
             Err(code) => code,
         },
         Command::Fuzz {
