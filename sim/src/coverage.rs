@@ -115,11 +115,24 @@ pub enum Path {
     /// A `CommitResult { committed: false }` reached the mill: the executor's reservation ran
     /// out before the commit arrived (M17).
     CommitRefusedOnLiveSession,
+    /// A restarted executor re-attached to the supervisor of a job still running (E9, E14).
+    AdoptedRunningJob,
+    /// A restarted executor collected the exit a supervisor recorded while no executor was
+    /// attached (E9, E14).
+    AdoptedRecordedExit,
+    /// A restarted executor found nothing left of a job its store held: `JobLost` (E9).
+    AdoptedNothingLeft,
+    /// A supervisor whose executor did not come back within `reconnect_grace` stopped its
+    /// job (E14).
+    SupervisorFenced,
+    /// An executor that came back with a new store told a leftover supervisor to stop its
+    /// job at once (E1, E14).
+    SupervisorForeignEpochStop,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 44] = [
+    pub const ALL: [Path; 49] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -164,11 +177,16 @@ impl Path {
         Path::RestoredGraceEndedLeases,
         Path::TwinRefused,
         Path::CommitRefusedOnLiveSession,
+        Path::AdoptedRunningJob,
+        Path::AdoptedRecordedExit,
+        Path::AdoptedNothingLeft,
+        Path::SupervisorFenced,
+        Path::SupervisorForeignEpochStop,
     ];
 
-    /// The paths issues 4 and 10 name; the coverage test requires each to be reached over
-    /// the fixed seeds.
-    pub const REQUIRED: [Path; 17] = [
+    /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
+    /// over the fixed seeds.
+    pub const REQUIRED: [Path; 21] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -186,6 +204,10 @@ impl Path {
         Path::EventNearGraceExpiry,
         Path::CancelEndedByDeadline,
         Path::ChargeChangeOnLimitedResource,
+        Path::AdoptedRunningJob,
+        Path::AdoptedRecordedExit,
+        Path::SupervisorFenced,
+        Path::SupervisorForeignEpochStop,
     ];
 
     /// Its name in reports.
@@ -237,6 +259,11 @@ impl Path {
             Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
             Path::TwinRefused => "second process with a live node's id refused",
             Path::CommitRefusedOnLiveSession => "commit refused: the reservation ran out first",
+            Path::AdoptedRunningJob => "restart adopted a running job (supervisor)",
+            Path::AdoptedRecordedExit => "restart collected an exit recorded while down",
+            Path::AdoptedNothingLeft => "restart found a job lost",
+            Path::SupervisorFenced => "supervisor stopped its job: no executor within grace",
+            Path::SupervisorForeignEpochStop => "supervisor stopped at once by a new store",
         }
     }
 
@@ -287,6 +314,11 @@ impl Path {
             Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
             Path::TwinRefused => "twin-refused",
             Path::CommitRefusedOnLiveSession => "commit-refused",
+            Path::AdoptedRunningJob => "adopted-running-job",
+            Path::AdoptedRecordedExit => "adopted-recorded-exit",
+            Path::AdoptedNothingLeft => "adopted-nothing-left",
+            Path::SupervisorFenced => "supervisor-fenced",
+            Path::SupervisorForeignEpochStop => "supervisor-foreign-epoch-stop",
         }
     }
 

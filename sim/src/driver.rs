@@ -36,6 +36,10 @@ enum Exit {
     Natural { success: bool, code: i32 },
     /// It stopped after `StopJob`.
     Stopped,
+    /// Its supervisor stopped it: no executor re-attached within `reconnect_grace` (E14).
+    Fenced,
+    /// Its supervisor stopped it at once: the executor came back with a new store (E1, E14).
+    ForeignEpoch,
     /// It never started.
     FailedToStart,
 }
@@ -58,14 +62,21 @@ enum Ev {
     },
     EngineStart {
         exec: usize,
-        inc: u32,
+        run: u64,
         lease: LeaseId,
     },
     EngineExit {
         exec: usize,
-        inc: u32,
+        run: u64,
         lease: LeaseId,
         how: Exit,
+    },
+    /// A supervisor's wait for its executor to come back runs out (E14).
+    SupervisorGrace {
+        exec: usize,
+        lease: LeaseId,
+        run: u64,
+        orphaned: u32,
     },
     Arrive(usize),
     UserCancel(usize),
@@ -209,6 +220,8 @@ pub struct Sim {
     held: Vec<Option<Hold>>,
     hold_gen: u64,
     lag_rng: Rng,
+    /// Engine runs started so far: each run's id (`EngineJob::run`).
+    runs: u64,
     /// The executor step in progress received a `CommitLease` for this lease.
     exec_commit_input: Option<LeaseId>,
     /// (executor, lease): commits an executor lost in a crash before persisting them, its
@@ -300,6 +313,7 @@ impl Sim {
                 byz: spec.byzantine.map(Byzantine::new),
                 connecting: None,
                 engine: BTreeMap::new(),
+                recorded: BTreeMap::new(),
                 restart_at: None,
                 held_before: Default::default(),
                 outbox_before: None,
@@ -334,6 +348,7 @@ impl Sim {
                 byz: None,
                 connecting: None,
                 engine: BTreeMap::new(),
+                recorded: BTreeMap::new(),
                 restart_at: None,
                 held_before: Default::default(),
                 outbox_before: None,
@@ -422,6 +437,7 @@ impl Sim {
             last_up: BTreeMap::new(),
             commits_sent: BTreeSet::new(),
             twin_of_fault,
+            runs: 0,
             welcomed: BTreeSet::new(),
             rival: None,
         }
@@ -545,26 +561,31 @@ impl Sim {
                 }
             }
             Ev::ResetNotify { conn, to_mill } => self.reset_notify(conn, to_mill),
-            Ev::EngineStart { exec, inc, lease } => {
+            Ev::EngineStart { exec, run, lease } => {
                 let p = &mut self.w.execs[exec];
-                if p.inc != inc || p.exec.is_none() {
-                    return;
-                }
                 let Some(job) = p.engine.get_mut(&lease) else {
                     return;
                 };
-                if job.started {
+                if job.run != run || job.started {
                     return;
                 }
                 job.started = true;
-                self.exec_input(exec, ExecutorInput::JobStarted { lease });
+                if job.attached && p.exec.is_some() {
+                    self.exec_input(exec, ExecutorInput::JobStarted { lease });
+                }
             }
             Ev::EngineExit {
                 exec,
-                inc,
+                run,
                 lease,
                 how,
-            } => self.engine_exit(exec, inc, lease, how),
+            } => self.engine_exit(exec, run, lease, how),
+            Ev::SupervisorGrace {
+                exec,
+                lease,
+                run,
+                orphaned,
+            } => self.supervisor_grace(exec, lease, run, orphaned),
             Ev::Arrive(k) => self.arrive(k),
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
@@ -1465,6 +1486,9 @@ impl Sim {
             ExecutorOutput::StartJob {
                 lease, job, spec, ..
             } => {
+                self.runs += 1;
+                let run = self.runs;
+                let epoch = self.w.execs[i].store.epoch;
                 self.w.execs[i].engine.insert(
                     lease,
                     EngineJob {
@@ -1475,11 +1499,14 @@ impl Sim {
                         forever: false,
                         counted: false,
                         ends_at: None,
+                        run,
+                        epoch,
+                        attached: true,
+                        orphaned: 0,
                     },
                 );
                 let r = self.c.start(&self.w, i, lease, job, &spec);
                 self.check(r);
-                let inc = self.w.execs[i].inc;
                 let exact = self.durations.as_ref().map(|d| d.of(&spec));
                 if exact == Some(None) {
                     // A quality run must give every job its exact duration; a made-up one
@@ -1497,7 +1524,7 @@ impl Sim {
                         now,
                         Ev::EngineStart {
                             exec: i,
-                            inc,
+                            run,
                             lease,
                         },
                     );
@@ -1506,7 +1533,7 @@ impl Sim {
                         now + d,
                         Ev::EngineExit {
                             exec: i,
-                            inc,
+                            run,
                             lease,
                             how: Exit::Natural {
                                 success: true,
@@ -1521,7 +1548,7 @@ impl Sim {
                         at,
                         Ev::EngineExit {
                             exec: i,
-                            inc,
+                            run,
                             lease,
                             how: Exit::FailedToStart,
                         },
@@ -1535,7 +1562,7 @@ impl Sim {
                         start,
                         Ev::EngineStart {
                             exec: i,
-                            inc,
+                            run,
                             lease,
                         },
                     );
@@ -1544,7 +1571,7 @@ impl Sim {
                         start + d,
                         Ev::EngineExit {
                             exec: i,
-                            inc,
+                            run,
                             lease,
                             how: Exit::Natural { success, code },
                         },
@@ -1556,57 +1583,62 @@ impl Sim {
             }
             ExecutorOutput::StopJob { lease, .. } => {
                 self.c.stop(lease);
-                let slow = self.w.execs[i].spec.slow_stop;
-                let inc = self.w.execs[i].inc;
-                let teardown = dur(self.w.mill_cfg.cancel_teardown_timeout);
-                let Some(job) = self.w.execs[i].engine.get_mut(&lease) else {
-                    return;
-                };
-                if job.stopping {
-                    return;
-                }
-                job.stopping = true;
-                let healed = self.w.healed;
-                let delay = if slow && self.engines.chance(0.7) {
-                    job.hung = true;
-                    if !healed && self.engines.chance(0.3) {
-                        // It ignores the stop and the kill for good: only the mill's
-                        // teardown deadline ends the cancel (M26); the heal ends the engine.
-                        job.forever = true;
-                        job.ends_at = None;
-                        return;
-                    }
-                    let delay = self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC);
-                    // A hung engine ignores its natural exit: this one is what ends it.
-                    job.ends_at = Some(now + delay);
-                    delay
-                } else {
-                    let delay = self.engines.range(5 * MS, 3 * SEC);
-                    job.ends_at = Some(job.ends_at.map_or(now + delay, |e| e.min(now + delay)));
-                    delay
-                };
-                self.at(
-                    now + delay,
-                    Ev::EngineExit {
-                        exec: i,
-                        inc,
-                        lease,
-                        how: Exit::Stopped,
-                    },
-                );
+                self.stop_run(i, lease, Exit::Stopped);
             }
         }
     }
 
-    fn engine_exit(&mut self, exec: usize, inc: u32, lease: LeaseId, how: Exit) {
+    /// The engine's run of `lease` on executor `i` is asked to stop, by its executor
+    /// (`StopJob`) or by its supervisor (E14); `how` is what its exit will report. A slow
+    /// engine may hang past the stop, or (before the heal) ignore it for good.
+    fn stop_run(&mut self, i: usize, lease: LeaseId, how: Exit) {
         let now = self.w.now;
-        let p = &mut self.w.execs[exec];
-        if p.inc != inc || p.exec.is_none() {
+        let slow = self.w.execs[i].spec.slow_stop;
+        let teardown = dur(self.w.mill_cfg.cancel_teardown_timeout);
+        let Some(job) = self.w.execs[i].engine.get_mut(&lease) else {
+            return;
+        };
+        if job.stopping {
             return;
         }
-        let hung = match p.engine.get(&lease) {
-            None => return,
-            Some(job) => job.hung,
+        job.stopping = true;
+        let run = job.run;
+        let healed = self.w.healed;
+        let delay = if slow && self.engines.chance(0.7) {
+            job.hung = true;
+            if !healed && self.engines.chance(0.3) {
+                // It ignores the stop and the kill for good: only the mill's
+                // teardown deadline ends the cancel (M26); the heal ends the engine.
+                job.forever = true;
+                job.ends_at = None;
+                return;
+            }
+            let delay = self.engines.range(teardown + 5 * SEC, teardown + 40 * SEC);
+            // A hung engine ignores its natural exit: this one is what ends it.
+            job.ends_at = Some(now + delay);
+            delay
+        } else {
+            let delay = self.engines.range(5 * MS, 3 * SEC);
+            job.ends_at = Some(job.ends_at.map_or(now + delay, |e| e.min(now + delay)));
+            delay
+        };
+        self.at(
+            now + delay,
+            Ev::EngineExit {
+                exec: i,
+                run,
+                lease,
+                how,
+            },
+        );
+    }
+
+    fn engine_exit(&mut self, exec: usize, run: u64, lease: LeaseId, how: Exit) {
+        let now = self.w.now;
+        let p = &mut self.w.execs[exec];
+        let (hung, attached) = match p.engine.get(&lease) {
+            Some(job) if job.run == run => (job.hung, job.attached),
+            _ => return, // stale: an earlier run, or one its host took down
         };
         if hung && matches!(how, Exit::Natural { .. }) {
             return;
@@ -1654,8 +1686,60 @@ impl Sim {
                     log: None,
                 }
             }
+            Exit::Fenced => {
+                self.c.exited(lease, now, false);
+                ExecutorInput::JobExited {
+                    lease,
+                    status: TerminalStatus::Failed,
+                    exit_code: Some(143),
+                    error: Some(
+                        "stopped by its supervisor: no executor re-attached within the reconnect grace (E14)"
+                            .into(),
+                    ),
+                    log,
+                }
+            }
+            Exit::ForeignEpoch => {
+                // Nobody collects it: the store that knew the job is gone (E1).
+                self.c.exited(lease, now, false);
+                return;
+            }
         };
-        self.exec_input(exec, input);
+        let p = &mut self.w.execs[exec];
+        if attached && p.exec.is_some() {
+            self.exec_input(exec, input);
+        } else {
+            // No executor process holds it: its supervisor records the end durably for the
+            // next one to collect (E14, E9).
+            p.recorded.insert(lease, input);
+            let name = self.names[exec + 1].clone();
+            self.trace.line(now, &name, |s| {
+                s.push_str(&format!("supervisor of {lease} records its exit (no executor)"))
+            });
+        }
+    }
+
+    /// E14: the supervisor of `lease` on executor `i` has waited `reconnect_grace` since its
+    /// executor died (`orphaned` names that death) and no process re-attached: it stops the
+    /// job itself and records why.
+    fn supervisor_grace(&mut self, i: usize, lease: LeaseId, run: u64, orphaned: u32) {
+        let now = self.w.now;
+        let due = self.w.execs[i]
+            .engine
+            .get(&lease)
+            .is_some_and(|j| j.run == run && j.orphaned == orphaned && !j.attached);
+        if !due {
+            return;
+        }
+        self.cov.hit(Path::SupervisorFenced);
+        let name = self.names[i + 1].clone();
+        self.trace.line(now, &name, |s| {
+            s.push_str(&format!(
+                "supervisor of {lease}: no executor within the grace, stops the job (E14)"
+            ))
+        });
+        self.c.stop(lease);
+        self.stop_run(i, lease, Exit::Fenced);
     }
 
     // ---- the network ---------------------------------------------------------------------
@@ -2227,12 +2311,37 @@ impl Sim {
             }
         }
         let p = &mut self.w.execs[i];
-        let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
-        if !killed.is_empty() {
+        if !p.engine.is_empty() {
             self.cov.hit(Path::ExecCrashWithRunningJobs);
         }
-        for lease in killed {
-            self.c.exited(lease, now, false);
+        if plan.silent {
+            // The host went down with the process: the supervisors and their jobs die too
+            // (what a supervisor recorded durably while orphaned stays on disk).
+            let killed: Vec<LeaseId> = std::mem::take(&mut p.engine).into_keys().collect();
+            for lease in killed {
+                self.c.exited(lease, now, false);
+            }
+        } else {
+            // Only the executor process died: each job runs on under its supervisor, which
+            // waits `reconnect_grace` for an executor to re-attach (E14).
+            let grace = dur(p.cfg.reconnect_grace);
+            let mut orphans = Vec::new();
+            for (lease, job) in p.engine.iter_mut() {
+                job.attached = false;
+                job.orphaned += 1;
+                orphans.push((*lease, job.run, job.orphaned));
+            }
+            for (lease, run, orphaned) in orphans {
+                self.at(
+                    now + grace,
+                    Ev::SupervisorGrace {
+                        exec: i,
+                        lease,
+                        run,
+                        orphaned,
+                    },
+                );
+            }
         }
         let p = &mut self.w.execs[i];
         if plan.wipe {
@@ -2401,19 +2510,13 @@ impl Sim {
         p.away_since_inc = None;
         p.cfg.backoff_seed = self.process.next_u64();
         let restarted = p.inc > 0;
-        let mut x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
-        // The simulated engine's runs die with their executor process (supervisors are
-        // not modelled yet, issue 12), so every `AdoptJob` is answered at once: nothing is
-        // left of the job, which ends Failed "executor restarted" (E9).
-        let leases: Vec<LeaseId> = p.store.jobs.keys().copied().collect();
-        for lease in leases {
-            x.handle(t(now), ExecutorInput::JobLost { lease });
-        }
+        let x = Executor::new(p.cfg.clone(), p.store.clone(), t(now));
         p.exec = Some(x);
         if restarted {
             let name = self.names[i + 1].clone();
             self.trace.line(now, &name, |s| s.push_str("!! restart"));
         }
+        self.adopt(i);
         self.after_exec_step(i);
         let p = &self.w.execs[i];
         if restarted {
@@ -2427,6 +2530,64 @@ impl Sim {
             if let Some(seqno) = last_result {
                 self.restart_results.push((i, p.store.epoch, seqno));
             }
+        }
+    }
+
+    /// E9/E14: the new process of executor `i` re-attaches to the supervisors of the jobs
+    /// its store holds, in the step that made its `AdoptJob`s: a job still running is
+    /// adopted (`JobStarted`), one that ended while no executor was attached is reported
+    /// with the status its supervisor recorded (`JobExited`), and only one with nothing
+    /// left ends as lost (`JobLost`, Failed "executor restarted"). With a new store (a wiped
+    /// one, a new epoch) nothing is adopted and every leftover supervisor is told at once
+    /// to stop its job; supervisors of jobs the store does not hold wait out their grace.
+    fn adopt(&mut self, i: usize) {
+        let now = self.w.now;
+        let name = self.names[i + 1].clone();
+        let p = &mut self.w.execs[i];
+        let epoch = p.store.epoch;
+        let leases: Vec<LeaseId> = p.store.jobs.keys().copied().collect();
+        let mut answers = Vec::new();
+        for lease in &leases {
+            let lease = *lease;
+            if let Some(input) = p.recorded.remove(&lease) {
+                answers.push((input, Path::AdoptedRecordedExit));
+            } else if let Some(job) = p.engine.get_mut(&lease).filter(|j| !j.attached) {
+                job.attached = true;
+                job.started = true;
+                answers.push((ExecutorInput::JobStarted { lease }, Path::AdoptedRunningJob));
+            } else {
+                answers.push((ExecutorInput::JobLost { lease }, Path::AdoptedNothingLeft));
+            }
+        }
+        // The rest belong to no job of this store: stale records are dropped; a run of an
+        // older store is stopped at once (its epoch will never come back), one this store
+        // forgot (same epoch) is left to its supervisor's grace.
+        p.recorded.clear();
+        let foreign: Vec<LeaseId> = p
+            .engine
+            .iter()
+            .filter(|(l, j)| !j.attached && j.epoch != epoch && !leases.contains(l))
+            .map(|(l, _)| *l)
+            .collect();
+        for (input, path) in answers {
+            self.cov.hit(path);
+            self.trace.line(now, &name, |s| {
+                s.push_str("adopt: ");
+                trace::exec_input(s, &input);
+            });
+            if let Some(x) = self.w.execs[i].exec.as_mut() {
+                x.handle(t(now), input);
+            }
+        }
+        for lease in foreign {
+            self.cov.hit(Path::SupervisorForeignEpochStop);
+            self.trace.line(now, &name, |s| {
+                s.push_str(&format!(
+                    "supervisor of {lease}: a new store took over, stops the job (E14)"
+                ))
+            });
+            self.c.stop(lease);
+            self.stop_run(i, lease, Exit::ForeignEpoch);
         }
     }
 
@@ -2453,24 +2614,23 @@ impl Sim {
         }
         // The operator kills engines that ignored every stop.
         for i in 0..self.w.execs.len() {
-            let inc = self.w.execs[i].inc;
-            let forever: Vec<LeaseId> = self.w.execs[i]
+            let forever: Vec<(LeaseId, u64)> = self.w.execs[i]
                 .engine
                 .iter_mut()
                 .filter(|(_, j)| j.forever)
                 .map(|(l, j)| {
                     j.forever = false;
-                    *l
+                    (*l, j.run)
                 })
                 .collect();
-            for lease in forever {
+            for (lease, run) in forever {
                 let at = now + self.engines.range(5 * MS, 3 * SEC);
                 self.ends_at(i, lease, at);
                 self.at(
                     at,
                     Ev::EngineExit {
                         exec: i,
-                        inc,
+                        run,
                         lease,
                         how: Exit::Stopped,
                     },

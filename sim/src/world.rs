@@ -47,6 +47,16 @@ pub struct EngineJob {
     /// When its scheduled exit takes effect (`None`: none is scheduled, it hangs for good):
     /// the real remaining work I9's bounds count.
     pub ends_at: Option<u64>,
+    /// Which run this is: engine reports of an earlier run of the same lease are stale.
+    pub run: u64,
+    /// The executor's epoch when it started the run.
+    pub epoch: millrace_core::Epoch,
+    /// An executor process is attached to its supervisor (E14): the one that started it or
+    /// adopted it. False from that process's death until a restart adopts it.
+    pub attached: bool,
+    /// Bumped each time the run is orphaned, so that an earlier orphaning's supervisor
+    /// grace (E14) does not fire after a re-attachment.
+    pub orphaned: u32,
 }
 
 /// One executor process and everything around it.
@@ -72,8 +82,12 @@ pub struct ExecProc {
     pub byz: Option<Byzantine>,
     /// The connection a `Connect` is waiting on.
     pub connecting: Option<ConnId>,
-    /// The engine's jobs, by lease.
+    /// The engine's jobs, by lease: each runs under its own supervisor (E14), which outlives
+    /// the executor process but not its host.
     pub engine: BTreeMap<LeaseId, EngineJob>,
+    /// Exits the supervisors recorded durably while no executor process was attached
+    /// (`exit.json`, E14), as the input a restarted executor's adoption gets for them.
+    pub recorded: BTreeMap<LeaseId, millrace_core::executor::ExecutorInput>,
     /// When it is due back up, while down.
     pub restart_at: Option<Micros>,
     /// The seats (reserved or running) it held before the step in progress: a message of
