@@ -11,9 +11,13 @@ use serde::{Deserialize, Serialize};
 
 /// A monotonic instant owned by the driver: microseconds since an origin the driver picks.
 ///
-/// The core never reads a clock; it is handed a `Time` with every input. `Time` is never
-/// persisted, because it does not survive a restart (DESIGN §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+/// The core never reads a clock; it is handed a `Time` with every input. Durable state holds
+/// no `Time` (DESIGN §2), with one exception: the executor's last contact with the mill
+/// (E12), which is only meaningful if the driver's origin is the same in every process of
+/// one store (the node anchors it to the wall clock).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct Time(u64);
 
 impl Time {

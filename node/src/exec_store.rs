@@ -1,6 +1,7 @@
-//! The executor's durable state in SQLite: its epoch, outbox and committed jobs with the
-//! reason each is being stopped, mirroring `ExecutorWrite` (E1, E5, E7, E9). The epoch is a
-//! random u64 made when the store is created. A store of schema 1 is upgraded in place.
+//! The executor's durable state in SQLite: its epoch, outbox, committed jobs with the reason
+//! each is being stopped, and the last contact with the mill, mirroring `ExecutorWrite` (E1,
+//! E5, E7, E9, E12). The epoch is a random u64 made when the store is created. A store of an
+//! older schema is upgraded in place.
 
 use std::path::Path;
 
@@ -9,7 +10,7 @@ use millrace_core::executor::{
 };
 use millrace_core::job::{LogRef, TerminalStatus};
 use millrace_core::wire::{EndCause, Event, EventKind};
-use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
+use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -40,12 +41,19 @@ pub const SCHEMA_V2: &str = r"
         ALTER TABLE outbox ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
     ";
 
+/// Schema 3: the last time the executor heard the mill (E12), in the node clock's
+/// microseconds since the Unix epoch; NULL until the first contact is written (and in a
+/// store upgraded from schema 2, whose executor counts from its start, then writes it).
+pub const SCHEMA_V3: &str = r"
+        ALTER TABLE meta ADD COLUMN last_contact INTEGER;
+    ";
+
 /// The executor store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "executor",
     file: "executor.db",
     application_id: 0x4d52_4531,
-    migrations: &[SCHEMA_V1, SCHEMA_V2],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3],
 };
 
 /// The outbox encoding this build writes.
@@ -145,15 +153,17 @@ impl ExecStore {
     }
 
     fn load(&mut self) -> Result<ExecutorSnapshot, StoreError> {
-        let meta: Option<(i64, i64)> = self
+        let meta: Option<(i64, i64, Option<i64>)> = self
             .opened
             .conn
-            .query_row("SELECT epoch, next_seqno FROM meta WHERE id = 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT epoch, next_seqno, last_contact FROM meta WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .optional()
             .map_err(self.sq())?;
-        let Some((epoch, next_seqno)) = meta else {
+        let Some((epoch, next_seqno, last_contact)) = meta else {
             // A new store is a new epoch (E1).
             let epoch = sqlite::random_u64().map_err(|source| StoreError::Io {
                 path: self.opened.path.clone(),
@@ -171,6 +181,7 @@ impl ExecStore {
         };
         let mut snap = ExecutorSnapshot::fresh(Epoch(to_u64(epoch)));
         snap.next_seqno = Seqno(to_u64(next_seqno));
+        snap.last_contact = last_contact.map(|at| Time::from_micros(to_u64(at)));
         let conn = &self.opened.conn;
         let mut stmt = conn
             .prepare("SELECT seqno, event, format FROM outbox ORDER BY seqno")
@@ -299,6 +310,11 @@ impl ExecStore {
                             .and_then(|mut st| st.execute(params![to_i64(lease.get())]))
                             .map_err(sq)?;
                     }
+                    ExecutorWrite::Contact { at } => {
+                        tx.prepare_cached("UPDATE meta SET last_contact = ?1 WHERE id = 1")
+                            .and_then(|mut st| st.execute(params![to_i64(at.as_micros())]))
+                            .map_err(sq)?;
+                    }
                 }
             }
         }
@@ -353,6 +369,9 @@ mod tests {
                         },
                     },
                     ExecutorWrite::Append(ev(1, EventKind::Running)),
+                    ExecutorWrite::Contact {
+                        at: Time::from_micros(1_754_000_000_000_000),
+                    },
                 ],
             },
             ExecutorBatch {
@@ -369,6 +388,9 @@ mod tests {
                     )),
                     ExecutorWrite::JobEnded { lease: LeaseId(9) },
                     ExecutorWrite::Trim { up_to: Seqno(1) },
+                    ExecutorWrite::Contact {
+                        at: Time::from_micros(1_754_000_005_000_000),
+                    },
                 ],
             },
         ];
@@ -379,10 +401,16 @@ mod tests {
         store.close().unwrap();
         let (_store, loaded) = ExecStore::open(dir.path()).unwrap();
         assert_eq!(loaded, reference);
+        assert_eq!(
+            loaded.last_contact,
+            Some(Time::from_micros(1_754_000_005_000_000)),
+            "the last contact written wins (E12)"
+        );
     }
 
-    /// A store written by the first schema (protocol 1 events, no stop column) opens,
-    /// upgrades in place, and reads as this build would have written it (E5, E9).
+    /// A store written by the first schema (protocol 1 events, no stop column, no last
+    /// contact) opens, upgrades in place through every migration, and reads as this build
+    /// would have written it (E5, E9, E12).
     #[test]
     fn e9_a_schema_1_store_opens_and_upgrades() {
         let dir = tempfile::tempdir().unwrap();
@@ -436,8 +464,9 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2, "upgraded in place");
+        assert_eq!(version, 3, "upgraded in place");
         assert_eq!(loaded.epoch, Epoch(77));
+        assert_eq!(loaded.last_contact, None, "no contact was ever written");
         let causes: Vec<EndCause> = loaded
             .outbox
             .iter()
@@ -465,6 +494,9 @@ mod tests {
                     lease: LeaseId(9),
                     kind: EventKind::Running,
                 }),
+                ExecutorWrite::Contact {
+                    at: Time::from_micros(1_754_000_000_000_000),
+                },
             ],
         };
         reference.apply(&batch);
@@ -475,6 +507,10 @@ mod tests {
         assert_eq!(
             again.jobs[&LeaseId(9)].stop,
             Some(StopReason::Cancel("by alice".into()))
+        );
+        assert_eq!(
+            again.last_contact,
+            Some(Time::from_micros(1_754_000_000_000_000))
         );
     }
 }

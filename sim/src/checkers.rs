@@ -1368,7 +1368,8 @@ impl Checker {
                 }
                 ExecutorWrite::Trim { .. }
                 | ExecutorWrite::JobStopping { .. }
-                | ExecutorWrite::JobEnded { .. } => {}
+                | ExecutorWrite::JobEnded { .. }
+                | ExecutorWrite::Contact { .. } => {}
             }
         }
         Ok(())

@@ -487,6 +487,9 @@ pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
                     ExecutorWrite::JobEnded { lease } => {
                         let _ = write!(s, "ended({lease}) ");
                     }
+                    ExecutorWrite::Contact { at } => {
+                        let _ = write!(s, "contact({at}) ");
+                    }
                 }
             }
         }

@@ -280,6 +280,39 @@ impl Executor {
             .then(|| self.last_heard.plus(self.config.reconnect_grace))
     }
 
+    /// E12: whether the store's last contact is not the one the fence clock counts from (the
+    /// mill was heard since it was written, or it has none).
+    pub(super) fn contact_is_behind(&self) -> bool {
+        self.durable.last_contact != Some(self.last_heard)
+    }
+
+    /// E12: when the last contact must be written in a batch of its own: one
+    /// `snapshot_interval` after the store's, while jobs run (a restart would adopt them) and
+    /// no other batch carried it. At most one such write per interval, none while cut off.
+    /// A store with no contact (written before it was kept), or one from a clock set back,
+    /// gets ours at once.
+    pub(super) fn contact_deadline(&self) -> Option<Time> {
+        if self.seats.running.is_empty() || !self.contact_is_behind() {
+            return None;
+        }
+        Some(match self.durable.last_contact {
+            Some(at) if at <= self.last_heard => at.plus(self.config.snapshot_interval),
+            // None, or later than ours (the driver's clock went back between processes, and
+            // this process counts from its start): written over at once, so that the next
+            // restart does not count from its own start again.
+            Some(_) | None => self.last_heard,
+        })
+    }
+
+    /// E12: makes the fence clock durable when its deadline passed and no batch of this
+    /// step carried it: a restart counts `reconnect_grace` from here.
+    pub(super) fn persist_contact_if_due(&mut self, now: Time) {
+        if self.contact_deadline().is_some_and(|d| now >= d) {
+            let at = self.last_heard;
+            self.write_batch(vec![ExecutorWrite::Contact { at }]);
+        }
+    }
+
     /// E12: nothing heard for `reconnect_grace`: stop every running job (terminal Failed
     /// "executor lost contact with the mill") and let go of every reservation.
     pub(super) fn fence(&mut self) {

@@ -186,6 +186,9 @@ enum Timer {
     Expire(LeaseId),
     /// Self-fencing (E12); set only while a running job would be stopped by it.
     Fence,
+    /// Making the last contact durable (E12), when no other batch carried it within a
+    /// `snapshot_interval`; set only while jobs run and the store's contact is behind.
+    Contact,
     /// The connection's next step: dial, give up on a silent peer, or the periodic snapshot
     /// (E10, E11). Always set: an executor always has a next thing to do about its link.
     Link,
@@ -209,7 +212,8 @@ pub struct Executor {
     timers: TimerTable<Timer>,
     link: Link,
     backoff: Backoff,
-    /// When the mill last said something we accepted (E12, silence).
+    /// When the mill last said something we accepted (E12, silence). At start, the store's
+    /// last contact (the fence clock survives restarts, E12/I1), or the start if it has none.
     last_heard: Time,
     /// Last snapshot seqno sent; strictly increasing for the life of the process (E10, M7).
     snapshot_seqno: u64,
@@ -229,8 +233,14 @@ impl Executor {
     /// Jobs the store still holds were started by a previous process under supervisors that
     /// outlive it: each is held as running and re-adopted (`AdoptJob`, E9/E14); only a job
     /// whose supervisor is gone ends Failed "executor restarted". Then it dials the mill.
+    ///
+    /// The fence clock (E12) starts at the store's last contact with the mill, never later
+    /// than `now`, so restarts do not extend `reconnect_grace`: adopted jobs of a process
+    /// started after that much silence are fenced at once. `now` must be on the same clock
+    /// as the previous processes' (DESIGN §2).
     pub fn new(config: ExecutorConfig, store: ExecutorSnapshot, now: Time) -> Self {
         let backoff = Backoff::new(config.backoff_min, config.backoff_max, config.backoff_seed);
+        let last_heard = store.last_contact.map_or(now, |at| at.min(now));
         let mut executor = Executor {
             config,
             durable: store,
@@ -238,7 +248,7 @@ impl Executor {
             timers: TimerTable::default(),
             link: Link::Down { retry_at: now },
             backoff,
-            last_heard: now,
+            last_heard,
             snapshot_seqno: 0,
             draining: false,
             live_log: LiveLogWindow {
@@ -250,6 +260,7 @@ impl Executor {
         };
         executor.adopt_jobs_of_previous_process();
         executor.run_timers(now);
+        executor.persist_contact_if_due(now);
         executor.sync_timers();
         executor
     }
@@ -287,6 +298,7 @@ impl Executor {
             ExecutorInput::Drain => self.draining = true,
             ExecutorInput::Tick => {}
         }
+        self.persist_contact_if_due(now);
         self.snapshot_if_availability_changed();
         self.sync_timers();
     }
@@ -302,20 +314,22 @@ impl Executor {
         self.timers.next_deadline()
     }
 
-    /// How many timers are set: one per reservation, the link's, and self-fencing's while
-    /// a job runs. Read-only, for benches and tests.
+    /// How many timers are set: one per reservation, the link's, and while a job runs
+    /// self-fencing's and (when the store's last contact is behind) its durable clock's.
+    /// Read-only, for benches and tests.
     pub fn timer_count(&self) -> usize {
         self.timers.len()
     }
 
     /// Checks the timer table against the state; `Err` names the first mismatch: a
-    /// reservation without its ttl, a ttl of no reservation, or a fence or link deadline
-    /// other than the state implies.
+    /// reservation without its ttl, a ttl of no reservation, or a fence, contact or link
+    /// deadline other than the state implies.
     pub fn check_timers(&self) -> Result<(), String> {
         for (key, at) in self.timers.iter() {
             let live = match key {
                 Timer::Expire(lease) => self.seats.reserved.get(lease).map(|r| r.expires),
                 Timer::Fence => self.fence_deadline(),
+                Timer::Contact => self.contact_deadline(),
                 Timer::Link => self.link_deadline(),
             };
             if live != Some(at) {
@@ -329,6 +343,7 @@ impl Executor {
         }
         for (key, want) in [
             (Timer::Fence, self.fence_deadline()),
+            (Timer::Contact, self.contact_deadline()),
             (Timer::Link, self.link_deadline()),
         ] {
             if self.timers.get(&key) != want {
@@ -341,11 +356,12 @@ impl Executor {
         Ok(())
     }
 
-    /// Sets the derived deadlines (fence, link) from the state after each input; the
-    /// reservations' ttls are set and stopped with their seats.
+    /// Sets the derived deadlines (fence, contact, link) from the state after each input;
+    /// the reservations' ttls are set and stopped with their seats.
     fn sync_timers(&mut self) {
         for (key, at) in [
             (Timer::Fence, self.fence_deadline()),
+            (Timer::Contact, self.contact_deadline()),
             (Timer::Link, self.link_deadline()),
         ] {
             match at {
@@ -422,18 +438,31 @@ impl Executor {
     }
 
     /// Applies `writes` to the durable copy and asks the driver to persist them; every
-    /// output emitted after this one depends on them being durable.
-    fn persist(&mut self, writes: Vec<ExecutorWrite>) {
+    /// output emitted after this one depends on them being durable. A last contact newer
+    /// than the store's rides along (E12): no batch of its own while batches are written.
+    fn persist(&mut self, mut writes: Vec<ExecutorWrite>) {
         if writes.is_empty() {
             return;
         }
+        if self.contact_is_behind() {
+            writes.push(ExecutorWrite::Contact {
+                at: self.last_heard,
+            });
+        }
+        self.write_batch(writes);
+    }
+
+    /// `persist` without the contact riding along: for the contact's own batch.
+    fn write_batch(&mut self, writes: Vec<ExecutorWrite>) {
         let batch = ExecutorBatch { writes };
         self.durable.apply(&batch);
         self.emit(ExecutorOutput::Persist(batch));
     }
 
     /// Everything time-driven, at `now`: reservation ttl (E3), self-fencing (E12), and the
-    /// connection's timers (E10, E11, silence).
+    /// connection's timers (E10, E11, silence). The fence clock's own write is judged after
+    /// the input instead (`persist_contact_if_due`), so that a batch the input writes anyway
+    /// carries it.
     fn run_timers(&mut self, now: Time) {
         // Reservation ttls fire from the table; fence and link are judged from the state
         // (their timers are only re-set after the input, by `sync_timers`).
@@ -447,7 +476,7 @@ impl Executor {
                     let r = self.seats.reserved.remove(&lease);
                     debug_assert!(r.is_none_or(|r| r.expires <= now), "early ttl of {lease}");
                 }
-                Timer::Fence | Timer::Link => {}
+                Timer::Fence | Timer::Contact | Timer::Link => {}
             }
         }
         if self.fence_deadline().is_some_and(|d| now >= d) {

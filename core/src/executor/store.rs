@@ -3,14 +3,16 @@
 //! The executor mutates its durable state only by emitting `Persist(batch)` and applying the
 //! same batch to its own copy, so a store that applies every persisted batch in order holds
 //! exactly what the executor believes is durable — that is what a restart loads (E1, E5, E9).
-//! Nothing here holds a `Time` (DESIGN §2) or a secret (secrets never touch the disk).
+//! Nothing here holds a secret (secrets never touch the disk), and the only `Time` is the
+//! last contact with the mill, the self-fencing clock that must survive restarts (E12): its
+//! driver keeps one time origin across the processes of a store (DESIGN §2).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use crate::job::TerminalStatus;
-use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
+use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
 use crate::wire::{EndCause, Event};
 
 /// A committed job, as much as a restart needs to report its end (E9).
@@ -47,6 +49,12 @@ pub struct ExecutorSnapshot {
     pub outbox: VecDeque<Event>,
     /// Jobs committed and not yet ended, by lease.
     pub jobs: BTreeMap<LeaseId, StoredJob>,
+    /// The last time the executor heard the mill, as far as the store knows (E12): a
+    /// restarted executor counts `reconnect_grace` for the jobs it adopts from here, not from
+    /// its own start (I1). It lags the executor's own clock by at most about one
+    /// `snapshot_interval` while jobs run, which only makes a restart fence earlier. `None`
+    /// in a fresh store, or one written before the field existed.
+    pub last_contact: Option<Time>,
 }
 
 impl StopReason {
@@ -94,6 +102,11 @@ pub enum ExecutorWrite {
         /// The lease.
         lease: LeaseId,
     },
+    /// The executor last heard the mill at `at` (E12): replaces `last_contact`.
+    Contact {
+        /// When, on the driver's clock.
+        at: Time,
+    },
 }
 
 /// Writes the driver applies atomically, before acting on any later output.
@@ -129,6 +142,7 @@ impl ExecutorSnapshot {
             next_seqno: Seqno(1),
             outbox: VecDeque::new(),
             jobs: BTreeMap::new(),
+            last_contact: None,
         }
     }
 
@@ -156,6 +170,7 @@ impl ExecutorSnapshot {
                 ExecutorWrite::JobEnded { lease } => {
                     self.jobs.remove(lease);
                 }
+                ExecutorWrite::Contact { at } => self.last_contact = Some(*at),
             }
         }
     }

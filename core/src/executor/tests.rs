@@ -95,7 +95,16 @@ fn sent(outs: &[ExecutorOutput]) -> Vec<ToMill> {
         .collect()
 }
 
+/// Every write of `outs` but the fence clock's (E12), which rides along on batches and has
+/// tests of its own (`contacts`).
 fn writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
+    all_writes(outs)
+        .into_iter()
+        .filter(|w| !matches!(w, ExecutorWrite::Contact { .. }))
+        .collect()
+}
+
+fn all_writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
     outs.iter()
         .filter_map(|o| match o {
             ExecutorOutput::Persist(b) => Some(b.writes.clone()),
@@ -107,6 +116,17 @@ fn writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
             | ExecutorOutput::StopJob { .. } => None,
         })
         .flatten()
+        .collect()
+}
+
+/// The last contacts `outs` writes (E12).
+fn contacts(outs: &[ExecutorOutput]) -> Vec<Time> {
+    all_writes(outs)
+        .into_iter()
+        .filter_map(|w| match w {
+            ExecutorWrite::Contact { at } => Some(at),
+            _ => None,
+        })
         .collect()
 }
 
@@ -1122,6 +1142,34 @@ fn e14_a_cancelled_adopted_job_is_stopped_through_its_supervisor_and_ends_cancel
     );
 }
 
+/// E9 with E12: the fence clock survives the restart (it counts from the last contact), and a
+/// restart well within `reconnect_grace` of it leaves the adopted job running once the mill
+/// is back, however long the session then lasts.
+#[test]
+fn e9_a_prompt_restart_keeps_adopted_jobs_running() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let heard = h.now;
+    let outs = h.restart(secs(10));
+    assert_eq!(names(&outs), ["adopt", "connect"]);
+    assert!(
+        all_writes(&outs).is_empty(),
+        "nothing heard since: nothing written"
+    );
+    h.feed(ExecutorInput::JobStarted { lease: L1 });
+    h.connect(Seqno(0));
+    while h.now < heard.plus(DEFAULT_RECONNECT_GRACE * 3) {
+        let (_, outs) = h.until_deadline();
+        assert!(!names(&outs).contains(&"stop".to_string()), "{outs:?}");
+        h.mill(ToExecutor::Ack {
+            epoch: EPOCH,
+            up_to: Seqno(1),
+        });
+    }
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
+    assert_eq!(h.store.jobs[&L1].stop, None);
+}
+
 #[test]
 fn e12_self_fencing_stops_adopted_jobs_too() {
     let mut h = Harness::ready(config());
@@ -1507,6 +1555,193 @@ fn e12_a_silent_mill_is_probed_then_its_connection_closed() {
     assert_eq!(closed_at, Some(quiet_since.plus(DEFAULT_SILENCE_TIMEOUT)));
     assert_eq!(probes, 2, "probed at +9 s and +14 s of silence");
     assert!(!h.exec.is_ready());
+}
+
+/// StopJob outputs of `outs`, by lease.
+fn stops(outs: &[ExecutorOutput]) -> Vec<LeaseId> {
+    outs.iter()
+        .filter_map(|o| match o {
+            ExecutorOutput::StopJob { lease, .. } => Some(*lease),
+            ExecutorOutput::Connect
+            | ExecutorOutput::Send { .. }
+            | ExecutorOutput::Close { .. }
+            | ExecutorOutput::Persist(_)
+            | ExecutorOutput::StartJob { .. }
+            | ExecutorOutput::AdoptJob { .. } => None,
+        })
+        .collect()
+}
+
+/// E12/I1: a process started after `reconnect_grace` of silence (counted from the store's
+/// last contact, not from its own start) fences the jobs it adopts at once, durably.
+#[test]
+fn e12_a_restart_after_reconnect_grace_of_silence_fences_adopted_jobs_at_once() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    assert_eq!(
+        h.store.last_contact,
+        Some(h.now),
+        "the commit carried the contact"
+    );
+    let outs = h.restart(DEFAULT_RECONNECT_GRACE + secs(1));
+    assert_eq!(names(&outs), ["adopt", "persist", "stop", "connect"]);
+    assert_eq!(
+        all_writes(&outs),
+        [ExecutorWrite::JobStopping {
+            lease: L1,
+            stop: StopReason::Fence
+        }]
+    );
+    // Its supervisor says it still runs: it is being stopped already, no second stop.
+    let outs = h.feed(ExecutorInput::JobStarted { lease: L1 });
+    assert!(stops(&outs).is_empty(), "{outs:?}");
+    let outs = h.exited(L1, TerminalStatus::Failed);
+    assert_eq!(
+        appended(&outs, L1),
+        [terminal_by(
+            TerminalStatus::Failed,
+            Some(LOST_CONTACT),
+            EndCause::LostContact
+        )]
+    );
+}
+
+/// E12/I1: restarts that each come within `reconnect_grace`, but never reach the mill, do
+/// not extend it: the second process fences the job at the last contact + grace.
+#[test]
+fn e12_a_restart_does_not_restart_the_fence_clock() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let heard = h.now;
+    for _ in 0..2 {
+        let outs = h.restart(secs(20));
+        assert_eq!(names(&outs), ["adopt", "connect"]);
+        h.feed(ExecutorInput::JobStarted { lease: L1 });
+        h.feed(ExecutorInput::ConnectFailed);
+    }
+    let mut stopped = Vec::new();
+    while stopped.is_empty() {
+        let (_, outs) = h.until_deadline();
+        stopped = stops(&outs);
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    assert_eq!(stopped, [L1]);
+    assert_eq!(
+        h.now,
+        heard.plus(DEFAULT_RECONNECT_GRACE),
+        "counted from the contact"
+    );
+    assert_eq!(h.store.jobs[&L1].stop, Some(StopReason::Fence));
+    assert_eq!(
+        h.store.last_contact,
+        Some(heard),
+        "nothing heard: nothing newer written"
+    );
+}
+
+/// E12: a store written before the last contact was kept counts the grace from the first
+/// start that finds it, and keeps that start: a later restart does not count again.
+#[test]
+fn e12_a_store_without_a_last_contact_counts_from_its_first_start_only() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.store.last_contact = None;
+    let outs = h.restart(secs(1));
+    let started = h.now;
+    assert_eq!(names(&outs), ["adopt", "connect", "persist"]);
+    assert_eq!(all_writes(&outs), [ExecutorWrite::Contact { at: started }]);
+    let outs = h.restart(DEFAULT_RECONNECT_GRACE);
+    assert_eq!(stops(&outs), [L1], "{outs:?}");
+}
+
+/// E12: a last contact later than the start (the driver's clock was set back between
+/// processes) is replaced by the start at once, so the lateness is one step, not one per
+/// restart.
+#[test]
+fn e12_a_last_contact_after_the_start_is_replaced_by_the_start() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.store.last_contact = Some(h.now.plus(secs(3600)));
+    let outs = h.restart(secs(1));
+    let started = h.now;
+    assert_eq!(all_writes(&outs), [ExecutorWrite::Contact { at: started }]);
+    let outs = h.restart(DEFAULT_RECONNECT_GRACE);
+    assert_eq!(stops(&outs), [L1], "{outs:?}");
+}
+
+/// E12: while a job runs and the mill keeps answering, the contact gets a batch of its own
+/// at most once per `snapshot_interval`, and the store's never lags more than that; once no
+/// job runs, nothing is written for it.
+#[test]
+fn e12_contact_is_persisted_at_most_once_per_snapshot_interval_and_only_while_jobs_run() {
+    let mut h = Harness::ready(config());
+    let interval = h.config.snapshot_interval;
+    h.run(L1, "shell");
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(1),
+    });
+    let start = h.now;
+    let mut own = Vec::new();
+    while h.now < start.plus(secs(120)) {
+        let (_, mut outs) = h.until_deadline();
+        outs.extend(h.mill(ToExecutor::Ack {
+            epoch: EPOCH,
+            up_to: Seqno(1),
+        }));
+        for o in &outs {
+            if let ExecutorOutput::Persist(b) = o {
+                assert!(
+                    matches!(b.writes[..], [ExecutorWrite::Contact { .. }]),
+                    "only the contact is written: {b:?}"
+                );
+                own.push(h.now);
+            }
+        }
+        let durable = h.store.last_contact.expect("a contact");
+        assert!(
+            h.now.since(durable) <= interval,
+            "lags by {:?}",
+            h.now.since(durable)
+        );
+    }
+    assert!(own.len() >= 2, "{own:?}");
+    for pair in own.windows(2) {
+        assert!(pair[1].since(pair[0]) >= interval, "{own:?}");
+    }
+
+    h.exited(L1, TerminalStatus::Success);
+    h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    });
+    let idle = h.now;
+    while h.now < idle.plus(secs(120)) {
+        let (_, mut outs) = h.until_deadline();
+        outs.extend(h.mill(ToExecutor::Ack {
+            epoch: EPOCH,
+            up_to: Seqno(2),
+        }));
+        assert!(all_writes(&outs).is_empty(), "no job runs: {outs:?}");
+    }
+}
+
+/// E12: a batch written anyway carries the contact; no batch of its own is added.
+#[test]
+fn e12_contact_rides_on_a_batch_written_anyway() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "docker");
+    h.advance(secs(2));
+    h.reserve(L2, spec("docker"));
+    let outs = h.commit(L2);
+    assert_eq!(names(&outs), ["persist", "start", "send:CommitResult"]);
+    assert_eq!(contacts(&outs), [h.now]);
+    assert_eq!(h.store.last_contact, Some(h.now));
+    // Nothing is left for the contact's own timer.
+    let outs = h.advance(h.config.snapshot_interval);
+    assert!(all_writes(&outs).is_empty(), "{outs:?}");
 }
 
 // ------------------------------------------------------------------------------- outbox bound
