@@ -1249,20 +1249,21 @@ impl Sim {
             }
             return;
         }
-        if let ExecutorInput::Message {
-            conn,
-            msg: ToExecutor::CancelAttempt { lease, .. },
-        } = &input
-        {
-            // Reached it: the executor handles it now (a hung one only when it resumes) —
-            // unless it has already closed that connection (a hung executor's late silence
-            // timer may close it just before the waiting message is handed over; the
-            // executor drops messages of a connection it closed, and the mill re-sends).
-            let open = self.w.net.conns.get(conn).is_some_and(|c| c.exec_open);
-            if open {
-                self.c.cancel_delivered(i, *lease, now);
+        // A cancel reaches the executor if it handles it now (a hung one only when it
+        // resumes) — unless it has already closed that connection (a hung executor's late
+        // silence timer may close it just before the waiting message is handed over; the
+        // executor drops messages of a connection it closed, and the mill re-sends), or it
+        // crashes in this step before its stop is durable (E7: durable before the ack; what
+        // it lost is as if never received, and the mill re-sends, M26). Judged after the step.
+        let cancel = match &input {
+            ExecutorInput::Message {
+                conn,
+                msg: ToExecutor::CancelAttempt { lease, .. },
+            } if self.w.net.conns.get(conn).is_some_and(|c| c.exec_open) => {
+                Some((*lease, self.w.execs[i].inc))
             }
-        }
+            _ => None,
+        };
         // No pre-tick: the executor runs its due timers inside `handle` (the node's driver
         // hands it inputs the same way, and ticks only after a batch), so a step may hold
         // the timers' outputs and the input's — group-committed below as the node does.
@@ -1290,6 +1291,13 @@ impl Sim {
         self.stats.exec_steps += 1;
         self.after_exec_step(i);
         self.exec_commit_input = None;
+        if let Some((lease, inc)) = cancel {
+            let p = &self.w.execs[i];
+            let kept = p.inc == inc || p.store.jobs.get(&lease).is_some_and(|j| j.stop.is_some());
+            if kept {
+                self.c.cancel_delivered(i, lease, now);
+            }
+        }
         if !tick {
             self.count_held_input(i + 1);
         }
@@ -1714,7 +1722,9 @@ impl Sim {
             p.recorded.insert(lease, input);
             let name = self.names[exec + 1].clone();
             self.trace.line(now, &name, |s| {
-                s.push_str(&format!("supervisor of {lease} records its exit (no executor)"))
+                s.push_str(&format!(
+                    "supervisor of {lease} records its exit (no executor)"
+                ))
             });
         }
     }

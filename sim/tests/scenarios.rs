@@ -350,3 +350,37 @@ fn i11_a_cancel_dropped_with_a_connection_the_executor_closed_is_not_delivered()
         "hang 844 no longer closes c1 on a late silence timer"
     );
 }
+
+/// Found by I11 once supervisors were modelled (E14, crashes seed 614): x2 crashed in the
+/// very step that received a `CancelAttempt`, before its stop was durable (E7) or acked; the
+/// job ran on under its supervisor, succeeded while x2 was down, and the restart reported
+/// that success. The checker had counted the cancel as delivered. A cancel the executor lost
+/// in a crash before making it durable did not reach it (the mill re-sends it, M26); the
+/// job's own success is its true end.
+#[test]
+fn i11_a_cancel_lost_in_a_crash_before_its_stop_was_durable_is_not_delivered() {
+    let lines = replay_clean("crashes", 614);
+    let crashed_on_the_cancel = lines
+        .windows(2)
+        .any(|w| w[0].contains("x2   < c41 CancelAttempt l1168") && w[1].contains("x2   !! crash"));
+    let adopted = lines
+        .iter()
+        .any(|l| l.contains("x2   adopt: < exited l1168 success"));
+    assert!(
+        crashed_on_the_cancel && adopted,
+        "crashes 614 no longer crashes x2 on the cancel's step and collects the job's success"
+    );
+}
+
+/// Issue 12 / E12: an executor restarted every 40 s while cut off for 4 minutes re-adopts
+/// its jobs each time (E14) but fences them by its durable last contact with the mill, so no
+/// run outlives the mill's grace by more than I1's bound. With the fence clock restarting at
+/// each process start (before the fix), seed 0 failed I1 ("x0 still runs j12 under l29").
+#[test]
+fn e12_restarts_while_cut_off_do_not_extend_the_fence() {
+    let lines = replay_clean("restart-while-cut-off", 0);
+    assert!(
+        lines.iter().any(|l| l.contains("x0   adopt: < started")),
+        "restart-while-cut-off 0 no longer adopts a running job"
+    );
+}
