@@ -630,7 +630,7 @@ impl Supervisor {
         write_exit(&self.launch.dir, &record, !handed_over)
             .map_err(|e| format!("exit record: {e}"))?;
         if let Some(cg) = &self.cgroup {
-            let _ = std::fs::remove_dir(cg);
+            cgroup::remove(cg);
         }
         self.forward(FromSupervisor::Exited);
         if handed_over && !self.await_collection(rx) {
@@ -1000,6 +1000,26 @@ mod cgroup {
             return None;
         }
         Some((job, own))
+    }
+
+    /// Removes the job's cgroup once it is empty. Killed processes leave it only when they
+    /// are reaped (a zombie still counts), so an `rmdir` right after the kill can fail with
+    /// EBUSY: retry for a short while (bounded), then leave it and say so.
+    pub fn remove(cg: &std::path::Path) {
+        const TRIES: u32 = 50;
+        for attempt in 0..TRIES {
+            match std::fs::remove_dir(cg) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(e) if attempt + 1 == TRIES => {
+                    eprintln!(
+                        "millrace supervise: the job's cgroup {} is not empty yet ({e}); left behind",
+                        cg.display()
+                    );
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
     }
 
     /// Moves the supervisor back out; the job's cgroup, if that worked.

@@ -1351,6 +1351,25 @@ impl Checker {
                         ..
                     } = &e.kind
                     {
+                        // E7 at the source: once a cancel reached this executor for the lease
+                        // (it survived that step or made the stop durable), the stop decides
+                        // the terminal it reports — whatever else (the engine, a fence, a
+                        // restart) ended the run since. The mill may map a verdict to the
+                        // cancel it holds (M26), which would hide a slip here from I11.
+                        let seen = self.cancel_seen.get(&(exec, e.lease)).copied();
+                        if let Some(seen) = seen.filter(|s| w.now > *s) {
+                            if w.execs[exec].honest() && *status != TerminalStatus::Cancelled {
+                                return fail(
+                                    "I11",
+                                    format!(
+                                        "x{exec} reported {} {status} ({cause:?}) at {}, though a cancel reached it at {} (E7: a stop asked for decides the status)",
+                                        e.lease,
+                                        secs(w.now),
+                                        secs(seen)
+                                    ),
+                                );
+                            }
+                        }
                         self.results.insert(
                             (exec, epoch, e.lease),
                             ResultRec {
