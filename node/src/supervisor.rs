@@ -629,10 +629,12 @@ impl Supervisor {
         let handed_over = self.attached.is_some();
         write_exit(&self.launch.dir, &record, !handed_over)
             .map_err(|e| format!("exit record: {e}"))?;
+        self.forward(FromSupervisor::Exited);
+        // After `Exited`, so that the executor frees the seat without waiting for the
+        // killed processes to be reaped out of the cgroup.
         if let Some(cg) = &self.cgroup {
             cgroup::remove(cg);
         }
-        self.forward(FromSupervisor::Exited);
         if handed_over && !self.await_collection(rx) {
             sync_exit(&self.launch.dir).map_err(|e| format!("exit record: {e}"))?;
         }
