@@ -2336,7 +2336,9 @@ impl Sim {
             // waits `reconnect_grace` for an executor to re-attach (E14).
             let grace = dur(p.cfg.reconnect_grace);
             let mut orphans = Vec::new();
-            for (lease, job) in p.engine.iter_mut() {
+            // A run already orphaned keeps its supervisor's first wait: a process that never
+            // re-attached to it does not restart that clock.
+            for (lease, job) in p.engine.iter_mut().filter(|(_, j)| j.attached) {
                 job.attached = false;
                 job.orphaned += 1;
                 orphans.push((*lease, job.run, job.orphaned));
