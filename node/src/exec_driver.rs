@@ -237,8 +237,13 @@ impl Driver {
             // durable here; only then may it go (E5, E14).
             for batch in &batches {
                 for write in &batch.writes {
-                    if let ExecutorWrite::JobEnded { lease } = write {
-                        self.parts.engine.collected(*lease);
+                    match write {
+                        ExecutorWrite::JobEnded { lease } => self.parts.engine.collected(*lease),
+                        // Supervisors fence by the durable contact too (E12, E14).
+                        ExecutorWrite::Contact { at } => {
+                            self.parts.engine.contact(at.as_micros() / 1000);
+                        }
+                        _ => {}
                     }
                 }
             }

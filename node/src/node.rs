@@ -560,6 +560,7 @@ pub fn start_executor(
             .saturating_mul(2),
     );
     let epoch = snapshot.epoch;
+    let last_contact = snapshot.last_contact;
     let executor = Executor::try_new(config, snapshot, clock.now())
         .map_err(|e| NodeError::Config(e.to_string()))?;
     let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
@@ -575,6 +576,11 @@ pub fn start_executor(
         runtime.clone(),
     )
     .map_err(io(format!("executor data {}", opts.data.display())))?;
+    // Adopted jobs' supervisors hear the durable last contact at once (E12, E14).
+    let mut engine = engine;
+    if let Some(at) = last_contact {
+        engine.contact(at.as_micros() / 1000);
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let driver = exec_driver::spawn(
         ExecDriverParts {

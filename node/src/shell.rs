@@ -60,6 +60,9 @@ pub struct ShellEngine {
     /// For each job's attachment task: the signal that its terminal is durable in this
     /// executor's store, passed on to the supervisor as `Collected`.
     collecting: BTreeMap<LeaseId, tokio::sync::oneshot::Sender<()>>,
+    /// The executor's last contact with the mill its store holds (E12), wall ms (0: none
+    /// yet); every attachment passes it on to its supervisor (`Contact`).
+    contact: tokio::sync::watch::Sender<u64>,
 }
 
 /// How a job's attachment task begins.
@@ -87,6 +90,7 @@ impl ShellEngine {
             runtime,
             running: BTreeMap::new(),
             collecting: BTreeMap::new(),
+            contact: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -151,6 +155,7 @@ impl ShellEngine {
             settings: self.settings.clone(),
             dir: Self::job_dir(&self.settings.data, lease),
             tx: self.tx.clone(),
+            contact: self.contact.subscribe(),
         };
         self.runtime.spawn(attend(ctx, mode, stop_rx, collected_rx));
     }
@@ -161,6 +166,18 @@ impl ShellEngine {
         if let Some(stop) = self.running.get(&lease) {
             let _ = stop.try_send(grace);
         }
+    }
+
+    /// The executor's store now holds `at_ms` as its last contact with the mill (E12): every
+    /// supervisor hears it, so that one left without an executor fences by E12's clock.
+    pub fn contact(&mut self, at_ms: u64) {
+        self.contact.send_if_modified(|c| {
+            let newer = at_ms > *c;
+            if newer {
+                *c = at_ms;
+            }
+            newer
+        });
     }
 
     /// The driver saw the job's `JobExited` (or `JobLost`).
@@ -264,6 +281,7 @@ struct Ctx {
     settings: EngineSettings,
     dir: PathBuf,
     tx: mpsc::Sender<ExecCmd>,
+    contact: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Ctx {
@@ -282,7 +300,7 @@ enum Ended {
 
 /// One job's attachment: launch (for a new job), attach, relay, report the end.
 async fn attend(
-    ctx: Ctx,
+    mut ctx: Ctx,
     mode: Mode,
     mut stops: mpsc::Receiver<Duration>,
     collected: tokio::sync::oneshot::Receiver<()>,
@@ -309,7 +327,7 @@ async fn attend(
         Ok((reader, mut writer, pid)) => {
             tracing::info!(%lease, pid, adopted = adopting, "attached to the job's supervisor");
             ctx.report(ExecutorInput::JobStarted { lease }).await;
-            let ended = relay(&ctx, reader, &mut writer, &mut stops).await;
+            let ended = relay(&mut ctx, reader, &mut writer, &mut stops).await;
             (ended, Some(writer))
         }
         Err(e) => (Ended::Closed(e), None),
@@ -482,15 +500,29 @@ async fn attach(ctx: &Ctx) -> Result<(Reader, Writer, i32), String> {
 
 /// Relays output to the driver and stops to the supervisor until the job ends.
 async fn relay(
-    ctx: &Ctx,
+    ctx: &mut Ctx,
     mut reader: Reader,
     writer: &mut Writer,
     stops: &mut mpsc::Receiver<Duration>,
 ) -> Ended {
     let lease = ctx.lease;
     let mut stops_open = true;
+    let mut contact_open = true;
+    // The current last contact first (if any), then each renewal.
+    ctx.contact.mark_changed();
     loop {
         tokio::select! {
+            changed = ctx.contact.changed(), if contact_open => match changed {
+                Ok(()) => {
+                    let at_ms = *ctx.contact.borrow_and_update();
+                    if at_ms > 0 {
+                        if let Err(e) = write_frame(writer, &ToSupervisor::Contact { at_ms }).await {
+                            tracing::debug!(%lease, error = %e, "could not pass the last contact to the job's supervisor");
+                        }
+                    }
+                }
+                Err(_) => contact_open = false,
+            },
             frame = read_frame(&mut reader) => match frame {
                 Ok(Some(FromSupervisor::Output(bytes))) => {
                     ctx.report(ExecutorInput::JobLog { lease, bytes }).await;

@@ -41,7 +41,7 @@ use sha2::{Digest, Sha256};
 
 /// The supervisor protocol's version; an executor and a supervisor of different versions
 /// refuse each other (the job is then treated as lost).
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
 /// Largest frame on the supervisor socket.
@@ -115,6 +115,15 @@ pub enum ToSupervisor {
     /// After `Exited`: the executor's own store now holds the job's terminal, so the exit
     /// record need not be made durable here (the executor removes the directory).
     Collected,
+    /// The executor's last contact with the mill that its store holds (E12), in wall-clock
+    /// milliseconds since the Unix epoch: sent after `Hello` and whenever it is renewed. A
+    /// supervisor left without an executor stops its job `reconnect_grace` after the earlier
+    /// of this and the executor's departure, so its bound is E12's, not E12's plus a grace
+    /// (protocol 3).
+    Contact {
+        /// Wall-clock milliseconds.
+        at_ms: u64,
+    },
 }
 
 /// Supervisor → executor.
@@ -306,6 +315,10 @@ enum Ev {
     },
     Gone(u64),
     Collected(u64),
+    Contact {
+        id: u64,
+        at_ms: u64,
+    },
     Output(Vec<u8>),
     OutputEnd(Result<String, String>),
     JobExit(WaitStatus),
@@ -318,6 +331,8 @@ struct Supervisor {
     attached: Option<(u64, UnixStream)>,
     /// Since when no executor is attached (from the start until the first attachment).
     detached_since: Option<Instant>,
+    /// The latest last-contact-with-the-mill an attached executor reported (E12), wall ms.
+    contact_ms: Option<u64>,
     /// The stop in progress: why, and when SIGKILL follows.
     stopping: Option<(StopCause, Instant)>,
     /// The job's shell (its process group leader), once started.
@@ -350,6 +365,7 @@ impl Supervisor {
             tx,
             attached: None,
             detached_since: Some(Instant::now()),
+            contact_ms: None,
             stopping: None,
             job_pid: None,
             cgroup: None,
@@ -411,15 +427,12 @@ impl Supervisor {
     fn supervise(&mut self, rx: &mpsc::Receiver<Ev>) -> WaitStatus {
         loop {
             let now = Instant::now();
-            // Self-fencing (E14): no executor for reconnect_grace.
-            if self.stopping.is_none() {
-                if let Some(since) = self.detached_since {
-                    if now >= since + self.grace() {
-                        let grace_ms = self.launch.reconnect_grace_ms;
-                        eprintln!("millrace supervise: no executor attached for {grace_ms} ms: stopping the job (E14)");
-                        self.stop(StopCause::NoExecutor { grace_ms }, self.stop_grace());
-                    }
-                }
+            // Self-fencing (E14): no executor for reconnect_grace, counted from the earlier
+            // of its departure and its last contact with the mill (E12's own clock).
+            if self.stopping.is_none() && self.fence_due(now, crate::clock::wall_ms()) {
+                let grace_ms = self.launch.reconnect_grace_ms;
+                eprintln!("millrace supervise: no executor attached, and none heard from the mill, for {grace_ms} ms: stopping the job (E14, E12)");
+                self.stop(StopCause::NoExecutor { grace_ms }, self.stop_grace());
             }
             if self.stopping.is_none() {
                 if let Some(cap) = self.launch.hard_cap_ms {
@@ -512,10 +525,27 @@ impl Supervisor {
                     self.detach();
                 }
             }
+            Ev::Contact { id, at_ms } => {
+                if self.attached.as_ref().is_some_and(|(a, _)| *a == id) {
+                    self.contact_ms = Some(self.contact_ms.map_or(at_ms, |c| c.max(at_ms)));
+                }
+            }
             Ev::Output(bytes) => self.forward(FromSupervisor::Output(bytes)),
             Ev::OutputEnd(end) => self.output_end = Some(end),
             Ev::JobExit(_) | Ev::Collected(_) => {}
         }
+    }
+
+    /// E14: no executor is attached, and `reconnect_grace` has passed since it left or since
+    /// its last contact with the mill (wall ms), whichever came first.
+    fn fence_due(&self, now: Instant, wall_ms: u64) -> bool {
+        let Some(since) = self.detached_since else {
+            return false;
+        };
+        let by_contact = self
+            .contact_ms
+            .is_some_and(|at| wall_ms >= at.saturating_add(self.launch.reconnect_grace_ms));
+        now >= since + self.grace() || by_contact
     }
 
     fn detach(&mut self) {
@@ -747,6 +777,11 @@ fn attachment(id: u64, mut stream: UnixStream, tx: &mpsc::Sender<Ev>) {
             }
             Ok(Some(ToSupervisor::Collected)) => {
                 if tx.send(Ev::Collected(id)).is_err() {
+                    return;
+                }
+            }
+            Ok(Some(ToSupervisor::Contact { at_ms })) => {
+                if tx.send(Ev::Contact { id, at_ms }).is_err() {
                     return;
                 }
             }
@@ -1069,6 +1104,7 @@ mod tests {
             tx: tx.clone(),
             attached: None,
             detached_since: None,
+            contact_ms: None,
             stopping: None,
             job_pid: None,
             cgroup: None,
@@ -1085,6 +1121,64 @@ mod tests {
         assert_eq!(rec.code, Some(0));
         // The pump's hash, not a re-read of the (absent) log after a timeout.
         assert_eq!(rec.log_sha256.as_deref(), Some("feed"));
+    }
+
+    /// E14 with E12 (tight seed 6000161 in the simulator): a supervisor left without an
+    /// executor fences by the earlier of the executor's departure and its last contact with
+    /// the mill, so an executor that dies just before its own fence does not buy its jobs a
+    /// second `reconnect_grace`.
+    #[test]
+    fn e14_a_supervisor_fences_by_the_executors_last_contact_with_the_mill() {
+        let dir = tempfile::tempdir().unwrap();
+        let launch = Launch {
+            version: PROTOCOL,
+            epoch: 7,
+            lease: 1,
+            job: 1,
+            payload: b"true".to_vec(),
+            env: Vec::new(),
+            dir: dir.path().to_path_buf(),
+            workdir: dir.path().join("work"),
+            log: dir.path().join("log"),
+            reconnect_grace_ms: 45_000,
+            stop_grace_ms: 1_000,
+            hard_cap_ms: None,
+        };
+        let (tx, _rx) = mpsc::channel();
+        let now = Instant::now();
+        let wall = 1_800_000_000_000;
+        let mut sup = Supervisor {
+            launch,
+            tx,
+            attached: None,
+            detached_since: Some(now),
+            contact_ms: None,
+            stopping: None,
+            job_pid: None,
+            cgroup: None,
+            started: now,
+            output_end: None,
+        };
+        // Just left, nothing heard of the mill: the full grace from the departure.
+        assert!(!sup.fence_due(now, wall));
+        assert!(sup.fence_due(now + Duration::from_secs(45), wall));
+        // The executor had last heard the mill 44 s before it left: 1 s more, not 45.
+        sup.contact_ms = Some(wall - 44_000);
+        assert!(!sup.fence_due(now, wall + 999));
+        assert!(sup.fence_due(now, wall + 1_000));
+        // Attached: the executor's own E12 fence holds the bound.
+        sup.detached_since = None;
+        assert!(!sup.fence_due(now + Duration::from_secs(3600), wall + 3_600_000));
+    }
+
+    #[test]
+    fn e14_contact_frames_round_trip() {
+        let msg = ToSupervisor::Contact {
+            at_ms: 1_800_000_000_123,
+        };
+        let frame = encode(&msg).unwrap();
+        let back: Option<ToSupervisor> = read_frame(&mut frame.as_slice()).unwrap();
+        assert_eq!(back, Some(msg));
     }
 
     #[test]

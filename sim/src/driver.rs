@@ -2333,8 +2333,12 @@ impl Sim {
             }
         } else {
             // Only the executor process died: each job runs on under its supervisor, which
-            // waits `reconnect_grace` for an executor to re-attach (E14).
+            // waits `reconnect_grace` for an executor to re-attach (E14), counted from the
+            // earlier of the death and the last contact with the mill the executor made
+            // durable and passed on to it (E12's clock; the node's `Contact`).
             let grace = dur(p.cfg.reconnect_grace);
+            let contact = p.store.last_contact.map_or(now, |c| c.as_micros().min(now));
+            let due = (contact + grace).max(now);
             let mut orphans = Vec::new();
             // A run already orphaned keeps its supervisor's first wait: a process that never
             // re-attached to it does not restart that clock.
@@ -2345,7 +2349,7 @@ impl Sim {
             }
             for (lease, run, orphaned) in orphans {
                 self.at(
-                    now + grace,
+                    due,
                     Ev::SupervisorGrace {
                         exec: i,
                         lease,

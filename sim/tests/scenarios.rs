@@ -384,3 +384,19 @@ fn e12_restarts_while_cut_off_do_not_extend_the_fence() {
         "restart-while-cut-off 0 no longer adopts a running job"
     );
 }
+
+/// Found by a 12,400-seed campaign on the supervisor model (tight seed 6000161): x3, cut off
+/// after its quarantine ended its leases, crashed just before its own E12 fence; its job's
+/// supervisor then waited a whole `reconnect_grace` from the crash and the run outlived I1's
+/// bound. A supervisor now also fences by the executor's durable last contact with the mill,
+/// which the executor passes on (`Contact`, supervisor protocol 3).
+#[test]
+fn e14_a_supervisor_fences_by_the_last_contact_not_only_by_its_executors_death() {
+    let lines = replay_clean("tight", 6000161);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("x3   !! crash") && l.contains("wipe")),
+        "tight 6000161 no longer crashes x3 while it is cut off"
+    );
+}
