@@ -374,6 +374,15 @@ fn exec_index(w: &World, node: &NodeId) -> Option<usize> {
     w.exec_of(node)
 }
 
+/// The process of `node` whose store has `epoch`: a twin that took over a dead process's node
+/// id (M2) has its own epoch; else the node id's first process.
+fn exec_index_at(w: &World, node: &NodeId, epoch: Epoch) -> Option<usize> {
+    w.execs
+        .iter()
+        .position(|p| &p.node == node && p.store.epoch == epoch)
+        .or_else(|| exec_index(w, node))
+}
+
 impl Checker {
     /// A checker with `bounds`.
     pub fn new(bounds: Bounds) -> Self {
@@ -492,7 +501,7 @@ impl Checker {
                     }
                 }
                 MillWrite::LeaseUpsert(r) => {
-                    let exec = exec_index(w, &r.node);
+                    let exec = exec_index_at(w, &r.node, r.epoch);
                     if let Some(old) = self.leases.get(&r.lease) {
                         if old.job != r.job || old.exec != exec {
                             return fail(
@@ -517,7 +526,10 @@ impl Checker {
                         }
                     }
                     if let Some(info) = w.leases.get(&r.lease) {
-                        if info.job != r.job || exec != Some(info.exec) {
+                        // By node id: a twin process that legitimately took over a dead
+                        // process's node id (M2) is asked under that id (twin seed 7000631).
+                        let same_node = w.execs.get(info.exec).is_some_and(|p| p.node == r.node);
+                        if info.job != r.job || !same_node {
                             return fail(
                                 "I1",
                                 format!(
@@ -583,10 +595,20 @@ impl Checker {
         if !self.inserted.contains(&job) {
             return fail("I2", format!("terminal recorded for {job}, never inserted"));
         }
-        let exec = t.node.as_ref().and_then(|n| exec_index(w, n));
+        // The process that ran the lease (a twin that took over a dead process's node id has
+        // its own index, M2), else the node id's first process.
+        let exec = t
+            .lease
+            .and_then(|l| self.runs.get(&l))
+            .map(|r| r.exec)
+            .or_else(|| t.node.as_ref().and_then(|n| exec_index(w, n)));
         if t.status == TerminalStatus::Success {
+            // Judged by node id: a twin that took over a dead process's node id (M2) ran it
+            // under that id (twin seed 7000631).
             let ok = t.lease.and_then(|l| self.runs.get(&l)).is_some_and(|r| {
-                r.job == job && Some(r.exec) == exec && r.exited.is_some_and(|(_, s)| s)
+                r.job == job
+                    && t.node.as_ref() == w.execs.get(r.exec).map(|p| &p.node)
+                    && r.exited.is_some_and(|(_, s)| s)
             });
             if !ok {
                 return fail(
@@ -842,7 +864,7 @@ impl Checker {
                 format!("cursor of ({node}, {epoch}) moved to {seqno} outside an event batch"),
             );
         };
-        if exec_index(w, node) != Some(exec) || batch_epoch != epoch {
+        if w.execs.get(exec).map(|p| &p.node) != Some(node) || batch_epoch != epoch {
             return fail(
                 "I4",
                 format!("cursor of ({node}, {epoch}) moved by a batch of x{exec} {batch_epoch}"),

@@ -400,3 +400,19 @@ fn e14_a_supervisor_fences_by_the_last_contact_not_only_by_its_executors_death()
         "tight 6000161 no longer crashes x3 while it is cut off"
     );
 }
+
+/// Found by the 102,300-seed campaign on the supervisor model (twin seed 7000631): x3's twin
+/// took over node id exec-3 once x3's session was dead (legal under M2) and was asked for a
+/// job under that id. The checkers mapped a node id to its first process and called the
+/// lease, the cursor and the success another process's; they now judge by node id and by the
+/// process that ran the lease.
+#[test]
+fn m2_a_twin_that_took_over_a_dead_node_id_is_judged_by_that_id() {
+    let lines = replay_clean("twin", 7000631);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("x3-twin < c23 ReserveSeat l111 j42")),
+        "twin 7000631 no longer asks the twin under exec-3's id"
+    );
+}
