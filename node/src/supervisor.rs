@@ -1078,12 +1078,13 @@ mod cgroup {
 mod tests {
     use super::*;
 
-    /// The pipe often reaches EOF before the reaper collects the shell: the log's end must
-    /// be kept when it comes first, not dropped (which left the supervisor waiting
-    /// READER_GRACE for it and cut `demo` throughput from ~100 to ~30 jobs/s).
-    #[test]
-    fn e14_the_logs_end_arriving_before_the_shells_exit_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A supervisor of a `true` job in `dir`, detached since `detached_since`, not started.
+    fn test_supervisor(
+        dir: &Path,
+        reconnect_grace_ms: u64,
+        tx: mpsc::Sender<Ev>,
+        detached_since: Option<Instant>,
+    ) -> Supervisor {
         let launch = Launch {
             version: PROTOCOL,
             epoch: 7,
@@ -1091,26 +1092,35 @@ mod tests {
             job: 1,
             payload: b"true".to_vec(),
             env: Vec::new(),
-            dir: dir.path().to_path_buf(),
-            workdir: dir.path().join("work"),
-            log: dir.path().join("no-such-log"),
-            reconnect_grace_ms: 1_000,
+            dir: dir.to_path_buf(),
+            workdir: dir.join("work"),
+            log: dir.join("no-such-log"),
+            reconnect_grace_ms,
             stop_grace_ms: 1_000,
             hard_cap_ms: None,
         };
-        let (tx, rx) = mpsc::channel();
-        let mut sup = Supervisor {
+        Supervisor {
             launch,
-            tx: tx.clone(),
+            tx,
             attached: None,
-            detached_since: None,
+            detached_since,
             contact_ms: None,
             stopping: None,
             job_pid: None,
             cgroup: None,
             started: Instant::now(),
             output_end: None,
-        };
+        }
+    }
+
+    /// The pipe often reaches EOF before the reaper collects the shell: the log's end must
+    /// be kept when it comes first, not dropped (which left the supervisor waiting
+    /// READER_GRACE for it and cut `demo` throughput from ~100 to ~30 jobs/s).
+    #[test]
+    fn e14_the_logs_end_arriving_before_the_shells_exit_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut sup = test_supervisor(dir.path(), 1_000, tx.clone(), None);
         tx.send(Ev::OutputEnd(Ok("feed".into()))).unwrap();
         let status = WaitStatus::Exited(Pid::from_raw(1), 0);
         tx.send(Ev::JobExit(status)).unwrap();
@@ -1130,35 +1140,10 @@ mod tests {
     #[test]
     fn e14_a_supervisor_fences_by_the_executors_last_contact_with_the_mill() {
         let dir = tempfile::tempdir().unwrap();
-        let launch = Launch {
-            version: PROTOCOL,
-            epoch: 7,
-            lease: 1,
-            job: 1,
-            payload: b"true".to_vec(),
-            env: Vec::new(),
-            dir: dir.path().to_path_buf(),
-            workdir: dir.path().join("work"),
-            log: dir.path().join("log"),
-            reconnect_grace_ms: 45_000,
-            stop_grace_ms: 1_000,
-            hard_cap_ms: None,
-        };
         let (tx, _rx) = mpsc::channel();
         let now = Instant::now();
         let wall = 1_800_000_000_000;
-        let mut sup = Supervisor {
-            launch,
-            tx,
-            attached: None,
-            detached_since: Some(now),
-            contact_ms: None,
-            stopping: None,
-            job_pid: None,
-            cgroup: None,
-            started: now,
-            output_end: None,
-        };
+        let mut sup = test_supervisor(dir.path(), 45_000, tx, Some(now));
         // Just left, nothing heard of the mill: the full grace from the departure.
         assert!(!sup.fence_due(now, wall));
         assert!(sup.fence_due(now + Duration::from_secs(45), wall));
