@@ -516,7 +516,14 @@ mod tests {
 
     fn to_executor_samples() -> Vec<ToExecutor> {
         vec![
-            ToExecutor::Welcome { cursor: Seqno(41) },
+            ToExecutor::Welcome {
+                cursor: Seqno(41),
+                timers: crate::wire::SessionTimers {
+                    silence_timeout: Duration::from_secs(15),
+                    snapshot_interval: Duration::from_secs(5),
+                    reconnect_grace: Duration::from_secs(45),
+                },
+            },
             ToExecutor::Refused {
                 reason: "node is quarantined".into(),
             },
@@ -853,7 +860,7 @@ mod tests {
 
     #[test]
     fn hello_with_this_version_but_garbage_is_malformed() {
-        let body = [0x00, 0x02, 0xFF];
+        let body = [0x00, PROTOCOL_VERSION as u8, 0xFF];
         assert!(matches!(
             decode_to_mill(&body),
             Err(CodecError::Malformed { .. })

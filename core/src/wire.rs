@@ -14,7 +14,9 @@ use crate::job::{JobSpec, LogRef, TerminalStatus};
 use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 
 /// The protocol version this build speaks. 2: a terminal event carries its [`EndCause`].
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `Welcome` carries the mill's [`SessionTimers`] (M1, M9, E12: the timers of a session
+/// agree by construction).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -168,6 +170,47 @@ pub enum ToMill {
     },
 }
 
+/// The timers both ends of a session must agree on. The mill sends its own in `Welcome` and
+/// the executor runs on them from then on: an executor that self-fenced later than the mill
+/// fails its leases (E12 against M5) could run a job the mill has already placed elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionTimers {
+    /// The mill closes a session silent this long (M9); the executor closes a connection on
+    /// which the mill was silent this long.
+    pub silence_timeout: Duration,
+    /// The executor snapshots at least this often (M9, E10); below `silence_timeout / 2`.
+    pub snapshot_interval: Duration,
+    /// The mill fails a gone executor's leases after this (M5); the executor self-fences
+    /// after hearing nothing from the mill for this long (E12); above `silence_timeout`.
+    pub reconnect_grace: Duration,
+}
+
+impl SessionTimers {
+    /// Why these timers cannot run a session, if they cannot: the bounds `MillConfig` and
+    /// `ExecutorConfig` both check, named as the flags.
+    pub fn problem(&self) -> Option<String> {
+        let SessionTimers {
+            silence_timeout: silence,
+            snapshot_interval: interval,
+            reconnect_grace: grace,
+        } = *self;
+        if interval.is_zero() {
+            return Some("--snapshot-interval must be above zero".to_string());
+        }
+        if interval.saturating_mul(2) >= silence {
+            return Some(format!(
+                "--snapshot-interval {interval:?} must be below half of --silence-timeout {silence:?}"
+            ));
+        }
+        if grace <= silence {
+            return Some(format!(
+                "--reconnect-grace {grace:?} must be above --silence-timeout {silence:?}"
+            ));
+        }
+        None
+    }
+}
+
 /// Mill → executor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToExecutor {
@@ -175,6 +218,8 @@ pub enum ToExecutor {
     Welcome {
         /// Last seqno the mill applied.
         cursor: Seqno,
+        /// The mill's session timers; the executor adopts them (M1, E12).
+        timers: SessionTimers,
     },
     /// Session refused; the connection closes.
     Refused {

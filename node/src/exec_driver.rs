@@ -243,6 +243,21 @@ impl Driver {
                         ExecutorWrite::Contact { at } => {
                             self.parts.engine.contact(at.as_micros() / 1000);
                         }
+                        // A Welcome handed over the mill's timers (M1, E12).
+                        ExecutorWrite::Timers(t) => {
+                            let flags = self.parts.executor.config().session_timers();
+                            tracing::warn!(
+                                silence_timeout = ?t.silence_timeout,
+                                snapshot_interval = ?t.snapshot_interval,
+                                reconnect_grace = ?t.reconnect_grace,
+                                flag_silence_timeout = ?flags.silence_timeout,
+                                flag_snapshot_interval = ?flags.snapshot_interval,
+                                flag_reconnect_grace = ?flags.reconnect_grace,
+                                "the mill's Welcome carries other timers than this executor ran on: adopting them (--silence-timeout {:?}, --snapshot-interval {:?}, --reconnect-grace {:?})",
+                                t.silence_timeout, t.snapshot_interval, t.reconnect_grace
+                            );
+                            self.parts.engine.timers(t.reconnect_grace);
+                        }
                         _ => {}
                     }
                 }

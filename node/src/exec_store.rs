@@ -9,7 +9,7 @@ use millrace_core::executor::{
     ExecutorBatch, ExecutorSnapshot, ExecutorWrite, StopReason, StoredJob, LOST_CONTACT, RESTARTED,
 };
 use millrace_core::job::{LogRef, TerminalStatus};
-use millrace_core::wire::{EndCause, Event, EventKind};
+use millrace_core::wire::{EndCause, Event, EventKind, SessionTimers};
 use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -48,12 +48,18 @@ pub const SCHEMA_V3: &str = r"
         ALTER TABLE meta ADD COLUMN last_contact INTEGER;
     ";
 
+/// Schema 4: the timers of the last mill that welcomed this executor (M1, E12), as JSON;
+/// NULL until a `Welcome` carried timers other than the executor's flags.
+pub const SCHEMA_V4: &str = r"
+        ALTER TABLE meta ADD COLUMN timers TEXT;
+    ";
+
 /// The executor store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "executor",
     file: "executor.db",
     application_id: 0x4d52_4531,
-    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
 };
 
 /// The outbox encoding this build writes.
@@ -153,17 +159,18 @@ impl ExecStore {
     }
 
     fn load(&mut self) -> Result<ExecutorSnapshot, StoreError> {
-        let meta: Option<(i64, i64, Option<i64>)> = self
+        type Meta = (i64, i64, Option<i64>, Option<String>);
+        let meta: Option<Meta> = self
             .opened
             .conn
             .query_row(
-                "SELECT epoch, next_seqno, last_contact FROM meta WHERE id = 1",
+                "SELECT epoch, next_seqno, last_contact, timers FROM meta WHERE id = 1",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()
             .map_err(self.sq())?;
-        let Some((epoch, next_seqno, last_contact)) = meta else {
+        let Some((epoch, next_seqno, last_contact, timers)) = meta else {
             // A new store is a new epoch (E1).
             let epoch = sqlite::random_u64().map_err(|source| StoreError::Io {
                 path: self.opened.path.clone(),
@@ -182,6 +189,14 @@ impl ExecStore {
         let mut snap = ExecutorSnapshot::fresh(Epoch(to_u64(epoch)));
         snap.next_seqno = Seqno(to_u64(next_seqno));
         snap.last_contact = last_contact.map(|at| Time::from_micros(to_u64(at)));
+        if let Some(text) = timers {
+            let t: SessionTimers = serde_json::from_str(&text)
+                .map_err(|e| self.corrupt(format!("meta.timers {text:?}: {e}")))?;
+            if let Some(problem) = t.problem() {
+                return Err(self.corrupt(format!("meta.timers {text:?}: {problem}")));
+            }
+            snap.timers = Some(t);
+        }
         let conn = &self.opened.conn;
         let mut stmt = conn
             .prepare("SELECT seqno, event, format FROM outbox ORDER BY seqno")
@@ -254,12 +269,12 @@ impl ExecStore {
             path: path.clone(),
             reason: format!("encode: {e}"),
         };
-        let json = |stop: &StopReason| {
-            serde_json::to_string(stop).map_err(|e| StoreError::Corrupt {
-                path: path.clone(),
+        fn json<T: Serialize>(value: &T, path: &std::path::Path) -> Result<String, StoreError> {
+            serde_json::to_string(value).map_err(|e| StoreError::Corrupt {
+                path: path.to_path_buf(),
                 reason: format!("encode: {e}"),
             })
-        };
+        }
         let tx = self.opened.conn.transaction().map_err(sq)?;
         for batch in batches {
             for write in &batch.writes {
@@ -292,7 +307,7 @@ impl ExecStore {
                             resources: job.resources.clone(),
                         })
                         .map_err(enc)?;
-                        let stop = job.stop.as_ref().map(json).transpose()?;
+                        let stop = job.stop.as_ref().map(|s| json(s, &path)).transpose()?;
                         tx.prepare_cached(
                             "INSERT OR REPLACE INTO jobs (lease, job, stop) VALUES (?1, ?2, ?3)",
                         )
@@ -300,7 +315,7 @@ impl ExecStore {
                         .map_err(sq)?;
                     }
                     ExecutorWrite::JobStopping { lease, stop } => {
-                        let stop = json(stop)?;
+                        let stop = json(stop, &path)?;
                         tx.prepare_cached("UPDATE jobs SET stop = ?2 WHERE lease = ?1")
                             .and_then(|mut st| st.execute(params![to_i64(lease.get()), stop]))
                             .map_err(sq)?;
@@ -313,6 +328,12 @@ impl ExecStore {
                     ExecutorWrite::Contact { at } => {
                         tx.prepare_cached("UPDATE meta SET last_contact = ?1 WHERE id = 1")
                             .and_then(|mut st| st.execute(params![to_i64(at.as_micros())]))
+                            .map_err(sq)?;
+                    }
+                    ExecutorWrite::Timers(t) => {
+                        let text = json(t, &path)?;
+                        tx.prepare_cached("UPDATE meta SET timers = ?1 WHERE id = 1")
+                            .and_then(|mut st| st.execute(params![text]))
                             .map_err(sq)?;
                     }
                 }
@@ -333,6 +354,7 @@ mod tests {
     use millrace_core::job::TerminalStatus;
     use millrace_core::wire::EventKind;
     use millrace_core::{JobId, Resources};
+    use std::time::Duration;
 
     #[test]
     fn e1_a_new_store_gets_an_epoch_that_survives_reopening() {
@@ -391,6 +413,11 @@ mod tests {
                     ExecutorWrite::Contact {
                         at: Time::from_micros(1_754_000_005_000_000),
                     },
+                    ExecutorWrite::Timers(SessionTimers {
+                        silence_timeout: Duration::from_secs(4),
+                        snapshot_interval: Duration::from_millis(1500),
+                        reconnect_grace: Duration::from_secs(20),
+                    }),
                 ],
             },
         ];
@@ -405,6 +432,11 @@ mod tests {
             loaded.last_contact,
             Some(Time::from_micros(1_754_000_005_000_000)),
             "the last contact written wins (E12)"
+        );
+        assert_eq!(
+            loaded.timers.map(|t| t.reconnect_grace),
+            Some(Duration::from_secs(20)),
+            "the adopted timers survive a restart (M1, E12)"
         );
     }
 
@@ -464,9 +496,10 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 3, "upgraded in place");
+        assert_eq!(version, 4, "upgraded in place");
         assert_eq!(loaded.epoch, Epoch(77));
         assert_eq!(loaded.last_contact, None, "no contact was ever written");
+        assert_eq!(loaded.timers, None, "no mill timers were ever adopted");
         let causes: Vec<EndCause> = loaded
             .outbox
             .iter()

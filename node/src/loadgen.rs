@@ -89,7 +89,7 @@ pub async fn fake_executor(
                     .map_err(|e| std::io::Error::other(e.to_string()))?
                 {
                     match msg {
-                        ToExecutor::Welcome { cursor } => {
+                        ToExecutor::Welcome { cursor, .. } => {
                             welcomed = true;
                             next_seqno = cursor.next();
                             snap_seqno += 1;

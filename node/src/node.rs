@@ -563,12 +563,23 @@ pub fn start_executor(
     let last_contact = snapshot.last_contact;
     let executor = Executor::try_new(config, snapshot, clock.now())
         .map_err(|e| NodeError::Config(e.to_string()))?;
+    // A mill's Welcome replaced the timer flags before (M1, E12): run on its timers.
+    let timers = executor.timers();
+    if timers != executor.config().session_timers() {
+        tracing::info!(
+            node = %node_id,
+            silence_timeout = ?timers.silence_timeout,
+            snapshot_interval = ?timers.snapshot_interval,
+            reconnect_grace = ?timers.reconnect_grace,
+            "running on the timers of the mill that last welcomed this executor, not on the timer flags"
+        );
+    }
     let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
     let engine = ShellEngine::new(
         EngineSettings {
             data: opts.data.clone(),
             epoch,
-            reconnect_grace: opts.timing.reconnect_grace,
+            reconnect_grace: timers.reconnect_grace,
             stop_grace: opts.tuning.stop_grace,
             hard_cap: opts.tuning.job_hard_cap,
         },

@@ -61,8 +61,9 @@ pub struct ShellEngine {
     /// executor's store, passed on to the supervisor as `Collected`.
     collecting: BTreeMap<LeaseId, tokio::sync::oneshot::Sender<()>>,
     /// The executor's last contact with the mill its store holds (E12), wall ms (0: none
-    /// yet); every attachment passes it on to its supervisor (`Contact`).
-    contact: tokio::sync::watch::Sender<u64>,
+    /// yet), and the `reconnect_grace` it runs on (its mill's once welcomed, M1), ms; every
+    /// attachment passes both on to its supervisor (`Contact`).
+    contact: tokio::sync::watch::Sender<(u64, u64)>,
 }
 
 /// How a job's attachment task begins.
@@ -84,13 +85,14 @@ impl ShellEngine {
         for sub in ["logs", "work", "jobs"] {
             std::fs::create_dir_all(settings.data.join(sub))?;
         }
+        let grace_ms = millis(settings.reconnect_grace);
         Ok(ShellEngine {
             settings,
             tx,
             runtime,
             running: BTreeMap::new(),
             collecting: BTreeMap::new(),
-            contact: tokio::sync::watch::Sender::new(0),
+            contact: tokio::sync::watch::Sender::new((0, grace_ms)),
         })
     }
 
@@ -171,12 +173,24 @@ impl ShellEngine {
     /// The executor's store now holds `at_ms` as its last contact with the mill (E12): every
     /// supervisor hears it, so that one left without an executor fences by E12's clock.
     pub fn contact(&mut self, at_ms: u64) {
-        self.contact.send_if_modified(|c| {
+        self.contact.send_if_modified(|(c, _)| {
             let newer = at_ms > *c;
             if newer {
                 *c = at_ms;
             }
             newer
+        });
+    }
+
+    /// The executor's store now holds a mill's timers (M1, E12): new supervisors are
+    /// launched on its `reconnect_grace`, and running ones hear it with the next `Contact`.
+    pub fn timers(&mut self, reconnect_grace: Duration) {
+        self.settings.reconnect_grace = reconnect_grace;
+        let grace_ms = millis(reconnect_grace);
+        self.contact.send_if_modified(|(_, g)| {
+            let changed = *g != grace_ms;
+            *g = grace_ms;
+            changed
         });
     }
 
@@ -281,7 +295,7 @@ struct Ctx {
     settings: EngineSettings,
     dir: PathBuf,
     tx: mpsc::Sender<ExecCmd>,
-    contact: tokio::sync::watch::Receiver<u64>,
+    contact: tokio::sync::watch::Receiver<(u64, u64)>,
 }
 
 impl Ctx {
@@ -514,9 +528,10 @@ async fn relay(
         tokio::select! {
             changed = ctx.contact.changed(), if contact_open => match changed {
                 Ok(()) => {
-                    let at_ms = *ctx.contact.borrow_and_update();
+                    let (at_ms, grace_ms) = *ctx.contact.borrow_and_update();
                     if at_ms > 0 {
-                        if let Err(e) = write_frame(writer, &ToSupervisor::Contact { at_ms }).await {
+                        let contact = ToSupervisor::Contact { at_ms, grace_ms };
+                        if let Err(e) = write_frame(writer, &contact).await {
                             tracing::debug!(%lease, error = %e, "could not pass the last contact to the job's supervisor");
                         }
                     }

@@ -41,7 +41,7 @@ use sha2::{Digest, Sha256};
 
 /// The supervisor protocol's version; an executor and a supervisor of different versions
 /// refuse each other (the job is then treated as lost).
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
 /// Largest frame on the supervisor socket.
@@ -119,10 +119,14 @@ pub enum ToSupervisor {
     /// milliseconds since the Unix epoch: sent after `Hello` and whenever it is renewed. A
     /// supervisor left without an executor stops its job `reconnect_grace` after the earlier
     /// of this and the executor's departure, so its bound is E12's, not E12's plus a grace
-    /// (protocol 3).
+    /// (protocol 3). It carries the `reconnect_grace` the executor runs on, which is its
+    /// mill's once a `Welcome` handed it over (M1, E12; protocol 4): a supervisor launched
+    /// on the executor's flag waits no longer than the mill does.
     Contact {
         /// Wall-clock milliseconds.
         at_ms: u64,
+        /// The executor's `reconnect_grace`, in milliseconds.
+        grace_ms: u64,
     },
 }
 
@@ -318,6 +322,7 @@ enum Ev {
     Contact {
         id: u64,
         at_ms: u64,
+        grace_ms: u64,
     },
     Output(Vec<u8>),
     OutputEnd(Result<String, String>),
@@ -333,6 +338,9 @@ struct Supervisor {
     detached_since: Option<Instant>,
     /// The latest last-contact-with-the-mill an attached executor reported (E12), wall ms.
     contact_ms: Option<u64>,
+    /// How long the job runs on without an executor (E14): the launch's `reconnect_grace`,
+    /// then the one the latest `Contact` carried (the executor's mill's, M1).
+    grace_ms: u64,
     /// The stop in progress: why, and when SIGKILL follows.
     stopping: Option<(StopCause, Instant)>,
     /// The job's shell (its process group leader), once started.
@@ -360,12 +368,14 @@ impl Supervisor {
             let tx = tx.clone();
             std::thread::spawn(move || accept(&listener, &tx));
         }
+        let grace_ms = launch.reconnect_grace_ms;
         let mut sup = Supervisor {
             launch,
             tx,
             attached: None,
             detached_since: Some(Instant::now()),
             contact_ms: None,
+            grace_ms,
             stopping: None,
             job_pid: None,
             cgroup: None,
@@ -420,7 +430,7 @@ impl Supervisor {
     }
 
     fn grace(&self) -> Duration {
-        Duration::from_millis(self.launch.reconnect_grace_ms)
+        Duration::from_millis(self.grace_ms)
     }
 
     /// Runs until the job's shell exits; returns its wait status.
@@ -430,7 +440,7 @@ impl Supervisor {
             // Self-fencing (E14): no executor for reconnect_grace, counted from the earlier
             // of its departure and its last contact with the mill (E12's own clock).
             if self.stopping.is_none() && self.fence_due(now, crate::clock::wall_ms()) {
-                let grace_ms = self.launch.reconnect_grace_ms;
+                let grace_ms = self.grace_ms;
                 eprintln!("millrace supervise: no executor attached, and none heard from the mill, for {grace_ms} ms: stopping the job (E14, E12)");
                 self.stop(StopCause::NoExecutor { grace_ms }, self.stop_grace());
             }
@@ -525,9 +535,16 @@ impl Supervisor {
                     self.detach();
                 }
             }
-            Ev::Contact { id, at_ms } => {
+            Ev::Contact {
+                id,
+                at_ms,
+                grace_ms,
+            } => {
                 if self.attached.as_ref().is_some_and(|(a, _)| *a == id) {
                     self.contact_ms = Some(self.contact_ms.map_or(at_ms, |c| c.max(at_ms)));
+                    if grace_ms > 0 {
+                        self.grace_ms = grace_ms;
+                    }
                 }
             }
             Ev::Output(bytes) => self.forward(FromSupervisor::Output(bytes)),
@@ -544,7 +561,7 @@ impl Supervisor {
         };
         let by_contact = self
             .contact_ms
-            .is_some_and(|at| wall_ms >= at.saturating_add(self.launch.reconnect_grace_ms));
+            .is_some_and(|at| wall_ms >= at.saturating_add(self.grace_ms));
         now >= since + self.grace() || by_contact
     }
 
@@ -780,8 +797,13 @@ fn attachment(id: u64, mut stream: UnixStream, tx: &mpsc::Sender<Ev>) {
                     return;
                 }
             }
-            Ok(Some(ToSupervisor::Contact { at_ms })) => {
-                if tx.send(Ev::Contact { id, at_ms }).is_err() {
+            Ok(Some(ToSupervisor::Contact { at_ms, grace_ms })) => {
+                let ev = Ev::Contact {
+                    id,
+                    at_ms,
+                    grace_ms,
+                };
+                if tx.send(ev).is_err() {
                     return;
                 }
             }
@@ -1105,6 +1127,7 @@ mod tests {
             attached: None,
             detached_since,
             contact_ms: None,
+            grace_ms: reconnect_grace_ms,
             stopping: None,
             job_pid: None,
             cgroup: None,
@@ -1156,10 +1179,47 @@ mod tests {
         assert!(!sup.fence_due(now + Duration::from_secs(3600), wall + 3_600_000));
     }
 
+    /// M1, E12, E14: an executor launched on its own `--reconnect-grace` (45 s) that a mill
+    /// on 20 s welcomed passes the mill's grace on: the supervisor then waits 20 s, not 45.
+    #[test]
+    fn e14_a_supervisor_takes_the_grace_its_executors_contact_carries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, _rx) = mpsc::channel();
+        let now = Instant::now();
+        let wall = 1_800_000_000_000;
+        let mut sup = test_supervisor(dir.path(), 45_000, tx, None);
+        sup.attached = Some((3, test_stream()));
+        sup.on_event(Ev::Contact {
+            id: 3,
+            at_ms: wall,
+            grace_ms: 20_000,
+        });
+        assert_eq!(sup.grace(), Duration::from_secs(20));
+        // A contact from another attachment changes nothing.
+        sup.on_event(Ev::Contact {
+            id: 4,
+            at_ms: wall,
+            grace_ms: 90_000,
+        });
+        assert_eq!(sup.grace(), Duration::from_secs(20));
+        sup.attached = None;
+        sup.detached_since = Some(now);
+        assert!(!sup.fence_due(now, wall + 19_999));
+        assert!(sup.fence_due(now, wall + 20_000));
+        assert!(sup.fence_due(now + Duration::from_secs(20), wall));
+    }
+
+    /// One end of a connected pair, for an attachment that is never written to.
+    fn test_stream() -> UnixStream {
+        let (a, _b) = UnixStream::pair().unwrap();
+        a
+    }
+
     #[test]
     fn e14_contact_frames_round_trip() {
         let msg = ToSupervisor::Contact {
             at_ms: 1_800_000_000_123,
+            grace_ms: 20_000,
         };
         let frame = encode(&msg).unwrap();
         let back: Option<ToSupervisor> = read_frame(&mut frame.as_slice()).unwrap();

@@ -489,11 +489,12 @@ fn credentials_are_separate_and_private() {
     assert!(open.is_empty(), "open to group/others: {open:?}");
 }
 
-/// Issue 11 item 5: an executor on the default timers against a mill on
-/// `--silence-timeout 2s` is closed for silence; the executor's log names the setting and the
-/// mill's values instead of only "peer closed the connection".
+/// Issue 11 item 5 (M1, E12): an executor on the default timers against a mill on
+/// `--silence-timeout 2s` adopts the mill's timers from its `Welcome`, says so in its log
+/// with the values, and keeps its session: it is never closed for silence and runs jobs.
+/// Before, it was closed every 2 s, its snapshots (every 5 s) too late for the mill.
 #[test]
-fn mismatched_timers_are_named_in_the_executors_log() {
+fn an_executor_adopts_the_mills_timers_from_its_welcome() {
     let root = tempfile::tempdir().unwrap();
     let mut args = strings(&[
         "--reconnect-grace",
@@ -515,10 +516,32 @@ fn mismatched_timers_are_named_in_the_executors_log() {
         &mill.data.join("token"),
         &[],
     );
-    wait_for("the executor to hear why it was closed", || {
+    wait_for("the executor to adopt the mill's timers", || {
         let logs = x.logs();
-        (logs.contains("silence_timeout") && logs.contains("--silence-timeout 2s")).then_some(())
+        (logs.contains("adopting them")
+            && logs.contains("--silence-timeout 2s")
+            && logs.contains("--reconnect-grace 30s"))
+        .then_some(())
     });
+    let id = mill.api.submit(&serde_json::json!({"command": "sleep 3"}));
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "success", "{v}");
+    // Three of the mill's silence timeouts passed while the job ran, and more now: on the
+    // executor's own 5 s snapshots the session would have been closed at least once.
+    std::thread::sleep(Duration::from_secs(3));
+    let closes = mill
+        .proc
+        .logs()
+        .matches("closing executor connection")
+        .count();
+    assert_eq!(closes, 0, "the session was closed: {}", mill.proc.logs());
+    assert!(mill.api.ready("slowpoke"));
+    assert_eq!(
+        x.logs().matches("adopting them").count(),
+        1,
+        "adopted once, and durably: {}",
+        x.logs()
+    );
 }
 
 /// Issue 11 item 6 (decided: a visible warning, not a refusal — executors may connect later):

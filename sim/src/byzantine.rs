@@ -278,7 +278,7 @@ impl Byzantine {
     /// Sees a message from the mill before the executor does: a Welcome starts a session.
     pub fn incoming(&mut self, now: Micros, conn: ConnId, msg: &ToExecutor, rng: &mut Rng) {
         match msg {
-            ToExecutor::Welcome { cursor } => {
+            ToExecutor::Welcome { cursor, .. } => {
                 self.conn = Some(conn);
                 self.snapshots = 0;
                 self.last_snapshot = None;

@@ -1172,7 +1172,7 @@ impl Checker {
                     );
                 }
             }
-            ToExecutor::Welcome { cursor } => {
+            ToExecutor::Welcome { cursor, .. } => {
                 let durable = w
                     .mill_store
                     .cursors
@@ -1410,7 +1410,8 @@ impl Checker {
                 ExecutorWrite::Trim { .. }
                 | ExecutorWrite::JobStopping { .. }
                 | ExecutorWrite::JobEnded { .. }
-                | ExecutorWrite::Contact { .. } => {}
+                | ExecutorWrite::Contact { .. }
+                | ExecutorWrite::Timers(_) => {}
             }
         }
         Ok(())

@@ -284,6 +284,12 @@ impl Sim {
         let n = workload.fleet.len();
         let mut execs = Vec::with_capacity(n);
         let mut index = BTreeMap::new();
+        // In half the seeds the executors start on timer flags of their own (half, once,
+        // twice or three times the mill's): only the timers in `Welcome` make them agree
+        // (M1, E12). An executor that kept a longer grace would run a job on after the mill
+        // failed its lease and placed it again (I1).
+        let mut flags = Rng::new(seed, Purpose::Flags);
+        let drift = flags.chance(0.5);
         for (i, spec) in workload.fleet.iter().enumerate() {
             let node =
                 NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
@@ -291,9 +297,14 @@ impl Sim {
             let mut cfg = ExecutorConfig::new(node.clone(), "sim-token");
             cfg.labels = spec.labels.clone();
             cfg.engines = spec.engines.clone();
-            cfg.reconnect_grace = mill_cfg.reconnect_grace;
-            cfg.silence_timeout = mill_cfg.silence_timeout;
-            cfg.snapshot_interval = mill_cfg.snapshot_interval;
+            let (num, den) = if drift {
+                [(1, 2), (1, 1), (2, 1), (3, 1)][flags.range(0, 3) as usize]
+            } else {
+                (1, 1)
+            };
+            cfg.reconnect_grace = mill_cfg.reconnect_grace * num / den;
+            cfg.silence_timeout = mill_cfg.silence_timeout * num / den;
+            cfg.snapshot_interval = mill_cfg.snapshot_interval * num / den;
             cfg.backoff_max = cfg.backoff_max.min(mill_cfg.reconnect_grace / 3);
             cfg.stop_grace = cfg.stop_grace.min(mill_cfg.cancel_teardown_timeout / 2);
             cfg.backoff_seed = process.next_u64();
@@ -2336,7 +2347,10 @@ impl Sim {
             // waits `reconnect_grace` for an executor to re-attach (E14), counted from the
             // earlier of the death and the last contact with the mill the executor made
             // durable and passed on to it (E12's clock; the node's `Contact`).
-            let grace = dur(p.cfg.reconnect_grace);
+            let grace = dur(p
+                .store
+                .timers
+                .map_or(p.cfg.reconnect_grace, |t| t.reconnect_grace));
             let contact = p.store.last_contact.map_or(now, |c| c.as_micros().min(now));
             let due = (contact + grace).max(now);
             let mut orphans = Vec::new();

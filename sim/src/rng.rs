@@ -26,6 +26,9 @@ pub enum Purpose {
     Process = 7,
     /// How long a lagging driver holds each due `Tick` (I12).
     Lag = 8,
+    /// The timer flags each executor starts with, which the mill's `Welcome` replaces (M1,
+    /// E12).
+    Flags = 9,
 }
 
 /// A seeded generator for one purpose, with the few distributions the simulator needs.

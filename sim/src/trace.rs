@@ -251,8 +251,12 @@ pub fn to_mill(s: &mut String, m: &ToMill) {
 /// Summarises a mill → executor message.
 pub fn to_exec(s: &mut String, m: &ToExecutor) {
     match m {
-        ToExecutor::Welcome { cursor } => {
-            let _ = write!(s, "Welcome cursor={cursor}");
+        ToExecutor::Welcome { cursor, timers } => {
+            let _ = write!(
+                s,
+                "Welcome cursor={cursor} grace={:?}",
+                timers.reconnect_grace
+            );
         }
         ToExecutor::Refused { reason } => {
             let _ = write!(s, "Refused {reason:?}");
@@ -489,6 +493,9 @@ pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
                     }
                     ExecutorWrite::Contact { at } => {
                         let _ = write!(s, "contact({at}) ");
+                    }
+                    ExecutorWrite::Timers(t) => {
+                        let _ = write!(s, "timers(grace {:?}) ", t.reconnect_grace);
                     }
                 }
             }

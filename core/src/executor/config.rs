@@ -99,6 +99,16 @@ pub struct ExecutorConfig {
 }
 
 impl ExecutorConfig {
+    /// The configured session timers: what the executor runs on until a mill's `Welcome`
+    /// hands it the mill's (M1, E12).
+    pub fn session_timers(&self) -> crate::wire::SessionTimers {
+        crate::wire::SessionTimers {
+            silence_timeout: self.silence_timeout,
+            snapshot_interval: self.snapshot_interval,
+            reconnect_grace: self.reconnect_grace,
+        }
+    }
+
     /// Defaults for `node_id`: one `shell` engine with one seat, no labels.
     pub fn new(node_id: NodeId, token: impl Into<String>) -> Self {
         ExecutorConfig {

@@ -63,7 +63,7 @@ impl Executor {
         let answer = match admit(&self.config, &self.seats, &spec, closed.as_deref()) {
             Ok(charged) => {
                 // A zero ttl is meaningless; a seat is never held past our own grace (E3).
-                let grace = self.config.reconnect_grace;
+                let grace = self.timers().reconnect_grace;
                 let ttl = if ttl.is_zero() { grace } else { ttl.min(grace) };
                 let reservation = Reservation {
                     job,
@@ -231,7 +231,7 @@ impl Executor {
         }
         let conn = self.ready_conn();
         let budget = self.config.live_log_budget;
-        if now >= self.live_log.start.plus(self.config.snapshot_interval) {
+        if now >= self.live_log.start.plus(self.timers().snapshot_interval) {
             self.live_log.start = now;
             self.live_log.used = 0;
         }
@@ -277,7 +277,7 @@ impl Executor {
             .running
             .values()
             .any(|j| j.stop.is_none())
-            .then(|| self.last_heard.plus(self.config.reconnect_grace))
+            .then(|| self.last_heard.plus(self.timers().reconnect_grace))
     }
 
     /// E12: whether the store's last contact is not the one the fence clock counts from (the
@@ -296,7 +296,7 @@ impl Executor {
             return None;
         }
         Some(match self.durable.last_contact {
-            Some(at) if at <= self.last_heard => at.plus(self.config.snapshot_interval),
+            Some(at) if at <= self.last_heard => at.plus(self.timers().snapshot_interval),
             // None, or later than ours (the driver's clock went back between processes, and
             // this process counts from its start): written over at once, so that the next
             // restart does not count from its own start again.

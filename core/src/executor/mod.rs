@@ -33,7 +33,7 @@ use std::time::Duration;
 use crate::job::{JobSpec, LogRef, TerminalStatus};
 use crate::timers::TimerTable;
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Time};
-use crate::wire::{ToExecutor, ToMill};
+use crate::wire::{SessionTimers, ToExecutor, ToMill};
 
 pub use config::{
     ConfigError, EngineConfig, ExecutorConfig, DEFAULT_BACKOFF_MAX, DEFAULT_BACKOFF_MIN,
@@ -403,6 +403,14 @@ impl Executor {
     /// The settings in force.
     pub fn config(&self) -> &ExecutorConfig {
         &self.config
+    }
+
+    /// The session timers this executor runs on: the last welcoming mill's, durable in its
+    /// store, else its configured ones (M1, E12).
+    pub fn timers(&self) -> SessionTimers {
+        self.durable
+            .timers
+            .unwrap_or_else(|| self.config.session_timers())
     }
 
     /// What the executor holds as durable (everything persisted so far, applied).

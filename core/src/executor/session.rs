@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::types::{bounded_reason, ConnId, Epoch, LeaseId, Seqno, Time};
-use crate::wire::{ToExecutor, ToMill, MAX_ACTIVE_LEASES, MAX_REASON, PROTOCOL_VERSION};
+use crate::wire::{
+    SessionTimers, ToExecutor, ToMill, MAX_ACTIVE_LEASES, MAX_REASON, PROTOCOL_VERSION,
+};
 
 use super::seats::engine_statuses;
 use super::{Executor, ExecutorOutput, ExecutorWrite};
@@ -94,7 +96,7 @@ impl Executor {
     }
 
     pub(super) fn link_deadline(&self) -> Option<Time> {
-        let silence = self.config.silence_timeout;
+        let silence = self.timers().silence_timeout;
         Some(match &self.link {
             Link::Down { retry_at } => *retry_at,
             Link::Connecting { since } | Link::Hello { since, .. } => since.plus(silence),
@@ -103,8 +105,8 @@ impl Executor {
     }
 
     pub(super) fn run_link_timers(&mut self, now: Time) {
-        let silence = self.config.silence_timeout;
-        let interval = self.config.snapshot_interval;
+        let silence = self.timers().silence_timeout;
+        let interval = self.timers().snapshot_interval;
         enum Due {
             Dial,
             GiveUp(Option<(ConnId, String)>),
@@ -195,7 +197,7 @@ impl Executor {
 
     fn on_message_before_welcome(&mut self, now: Time, conn: ConnId, msg: ToExecutor) {
         match msg {
-            ToExecutor::Welcome { cursor } => self.on_welcome(now, conn, cursor),
+            ToExecutor::Welcome { cursor, timers } => self.on_welcome(now, conn, cursor, timers),
             ToExecutor::Refused { reason } => {
                 let reason = format!("refused by the mill: {reason}");
                 self.drop_link(now, Some((conn, reason)));
@@ -237,7 +239,10 @@ impl Executor {
     /// E6: the cursor says what the mill has. Events at or below it are dropped; a cursor
     /// that does not fit the outbox means the two sides disagree about this epoch, and
     /// going on would lose events, so the connection is closed with the reason.
-    fn on_welcome(&mut self, now: Time, conn: ConnId, cursor: Seqno) {
+    fn on_welcome(&mut self, now: Time, conn: ConnId, cursor: Seqno, timers: SessionTimers) {
+        if let Some(problem) = self.unusable(&timers) {
+            return self.drop_link(now, Some((conn, problem)));
+        }
         let last = self.durable.last_seqno();
         let acked = self.durable.acked_up_to();
         if cursor > last {
@@ -256,9 +261,21 @@ impl Executor {
         }
         self.last_heard = now;
         self.backoff.reset();
+        let mut writes = Vec::new();
         if cursor > acked {
-            self.persist(vec![ExecutorWrite::Trim { up_to: cursor }]);
+            writes.push(ExecutorWrite::Trim { up_to: cursor });
         }
+        // Run on the mill's timers from here on, durably: a restart fences by the grace the
+        // mill counts (E12 against M5), whatever the flags say.
+        if timers != self.timers() {
+            writes.push(ExecutorWrite::Timers(timers));
+        }
+        self.persist(writes);
+        debug_assert_eq!(
+            self.timers(),
+            timers,
+            "a welcomed executor runs on its mill's timers"
+        );
         self.link = Link::Ready(Session {
             conn,
             sent_up_to: cursor,
@@ -268,6 +285,25 @@ impl Executor {
         self.send_snapshot();
         self.rearm_snapshot(now);
         self.flush_outbox();
+    }
+
+    /// Why the timers a `Welcome` carries cannot be adopted, if they cannot: they break the
+    /// bounds a session needs (M9, E12), or this executor's reconnect backoff would outlast
+    /// the mill's grace (E11). The reason names the mill's value and this executor's.
+    fn unusable(&self, timers: &SessionTimers) -> Option<String> {
+        if let Some(problem) = timers.problem() {
+            return Some(format!(
+                "protocol: the mill's timers cannot run a session: {problem}"
+            ));
+        }
+        let backoff_max = self.config.backoff_max;
+        if backoff_max >= timers.reconnect_grace {
+            return Some(format!(
+                "config: the mill runs --reconnect-grace {:?}, but this executor's --backoff-max is {backoff_max:?}; it must be below the mill's grace",
+                timers.reconnect_grace
+            ));
+        }
+        None
     }
 
     /// E5: trim what the mill acked. An ack for another epoch, or beyond what this session
@@ -325,7 +361,7 @@ impl Executor {
 
     /// The next periodic snapshot is due one interval from `now`.
     fn rearm_snapshot(&mut self, now: Time) {
-        let next = now.plus(self.config.snapshot_interval);
+        let next = now.plus(self.timers().snapshot_interval);
         if let Link::Ready(session) = &mut self.link {
             session.next_snapshot = next;
         }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::TerminalStatus;
 use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
-use crate::wire::{EndCause, Event};
+use crate::wire::{EndCause, Event, SessionTimers};
 
 /// A committed job, as much as a restart needs to report its end (E9).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +55,10 @@ pub struct ExecutorSnapshot {
     /// `snapshot_interval` while jobs run, which only makes a restart fence earlier. `None`
     /// in a fresh store, or one written before the field existed.
     pub last_contact: Option<Time>,
+    /// The timers of the last mill that welcomed this executor, which it runs on instead of
+    /// its configured ones (M1, E12): a restarted executor fences by the grace the mill
+    /// counts, not by a flag that may differ. `None` until the first `Welcome`.
+    pub timers: Option<SessionTimers>,
 }
 
 impl StopReason {
@@ -107,6 +111,8 @@ pub enum ExecutorWrite {
         /// When, on the driver's clock.
         at: Time,
     },
+    /// A `Welcome` carried timers other than those the executor ran on: replaces `timers`.
+    Timers(SessionTimers),
 }
 
 /// Writes the driver applies atomically, before acting on any later output.
@@ -143,6 +149,7 @@ impl ExecutorSnapshot {
             outbox: VecDeque::new(),
             jobs: BTreeMap::new(),
             last_contact: None,
+            timers: None,
         }
     }
 
@@ -171,6 +178,7 @@ impl ExecutorSnapshot {
                     self.jobs.remove(lease);
                 }
                 ExecutorWrite::Contact { at } => self.last_contact = Some(*at),
+                ExecutorWrite::Timers(t) => self.timers = Some(*t),
             }
         }
     }

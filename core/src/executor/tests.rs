@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::*;
 use crate::job::{Identity, JobSpec, LogRef, TerminalStatus};
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
-use crate::wire::{EndCause, Event, EventKind, RejectKind, ToExecutor, ToMill};
+use crate::wire::{EndCause, Event, EventKind, RejectKind, SessionTimers, ToExecutor, ToMill};
 
 const EPOCH: Epoch = Epoch(7);
 const L1: LeaseId = LeaseId(1);
@@ -307,8 +307,15 @@ impl Harness {
         self.feed(ExecutorInput::Tick)
     }
 
-    /// Answers a pending `Connect` and welcomes the session with `cursor`.
+    /// Answers a pending `Connect` and welcomes the session with `cursor`, on the
+    /// executor's own timers.
     fn connect(&mut self, cursor: Seqno) -> Vec<ExecutorOutput> {
+        let timers = self.config.session_timers();
+        self.connect_with(cursor, timers)
+    }
+
+    /// [`Harness::connect`] by a mill on `timers`.
+    fn connect_with(&mut self, cursor: Seqno, timers: SessionTimers) -> Vec<ExecutorOutput> {
         self.conns += 1;
         let conn = ConnId(self.conns);
         let outs = self.feed(ExecutorInput::Connected { conn });
@@ -326,7 +333,7 @@ impl Harness {
             other => panic!("expected Hello, got {other:?}"),
         }
         self.conn = Some(conn);
-        self.mill(ToExecutor::Welcome { cursor })
+        self.mill(ToExecutor::Welcome { cursor, timers })
     }
 
     fn mill(&mut self, msg: ToExecutor) -> Vec<ExecutorOutput> {
@@ -799,7 +806,10 @@ fn e6_messages_before_welcome_close_the_connection() {
     assert_eq!(names(&outs), ["close"], "no seat is taken before Welcome");
     assert_eq!(h.exec.reserved_leases().count(), 0);
     // Welcome on the dead connection changes nothing.
-    let outs = h.mill(ToExecutor::Welcome { cursor: Seqno(0) });
+    let outs = h.mill(ToExecutor::Welcome {
+        cursor: Seqno(0),
+        timers: config().session_timers(),
+    });
     assert!(outs.is_empty());
     assert!(!h.exec.is_ready());
 }
@@ -1803,7 +1813,10 @@ fn stale_connections_and_unexpected_inputs_are_ignored_or_closed() {
     assert_eq!(names(&outs), ["close"]);
     assert!(h.exec.is_ready());
     // A second Welcome is a protocol error.
-    let outs = h.mill(ToExecutor::Welcome { cursor: Seqno(0) });
+    let outs = h.mill(ToExecutor::Welcome {
+        cursor: Seqno(0),
+        timers: config().session_timers(),
+    });
     assert_eq!(names(&outs), ["close"]);
     // Engine reports for unknown leases do nothing.
     assert!(h.exited(LeaseId(42), TerminalStatus::Success).is_empty());
@@ -2010,4 +2023,130 @@ fn e3_an_expired_reservation_fires_once_and_is_gone() {
     assert_eq!(h.exec.reserved_leases().count(), 0);
     assert_eq!(h.exec.timer_count(), 1);
     audited(&h);
+}
+
+/// Runs until `lease` is told to stop, answering dials with failures; returns how long that
+/// took, or `None` if nothing stopped it within `bound`.
+fn time_to_fence(h: &mut Harness, lease: LeaseId, bound: Duration) -> Option<Duration> {
+    let mut waited = Duration::ZERO;
+    while waited <= bound {
+        let (gap, outs) = h.until_deadline();
+        waited += gap;
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::StopJob { lease: l, .. } if *l == lease))
+        {
+            return Some(waited);
+        }
+        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+            h.feed(ExecutorInput::ConnectFailed);
+        }
+    }
+    None
+}
+
+/// A mill on timers other than the executor's flags: a shorter grace (20 s, against 45 s).
+fn mill_timers() -> SessionTimers {
+    SessionTimers {
+        silence_timeout: secs(8),
+        snapshot_interval: secs(2),
+        reconnect_grace: secs(20),
+    }
+}
+
+#[test]
+fn m1_e12_a_welcomed_executor_runs_on_the_mills_timers_and_fences_by_its_grace() {
+    let (mut h, outs) = Harness::new(config());
+    assert_eq!(names(&outs), ["connect"]);
+    assert_eq!(h.exec.timers(), config().session_timers());
+    let outs = h.connect_with(Seqno(0), mill_timers());
+    assert!(
+        writes(&outs).contains(&ExecutorWrite::Timers(mill_timers())),
+        "the mill's timers are made durable: {outs:?}"
+    );
+    assert_eq!(h.exec.timers(), mill_timers());
+    assert_eq!(h.store.timers, Some(mill_timers()));
+    h.run(L1, "shell");
+    // The mill goes silent: the executor gives up on the connection by the mill's silence
+    // timeout and fences by the mill's grace (20 s), not by its own flag (45 s).
+    let took = time_to_fence(&mut h, L1, secs(45)).expect("fenced");
+    assert!(
+        took <= secs(20),
+        "fenced after {took:?}, the mill's grace is 20 s"
+    );
+    assert!(took >= secs(19), "fenced early, after {took:?}");
+}
+
+#[test]
+fn e12_a_restarted_executor_fences_by_the_timers_its_store_holds() {
+    let (mut h, _) = Harness::new(config());
+    h.connect_with(Seqno(0), mill_timers());
+    h.run(L1, "shell");
+    let outs = h.restart(secs(1));
+    assert_eq!(adoptions(&outs), [(L1, JobId(101))]);
+    assert_eq!(
+        h.exec.timers(),
+        mill_timers(),
+        "the store's timers, not the flags"
+    );
+    h.feed(ExecutorInput::JobStarted { lease: L1 });
+    let took = time_to_fence(&mut h, L1, secs(45)).expect("fenced");
+    assert!(took <= secs(20), "fenced {took:?} after the restart");
+}
+
+#[test]
+fn m1_a_welcome_on_the_same_timers_writes_nothing_for_them() {
+    let (mut h, _) = Harness::new(config());
+    let outs = h.connect(Seqno(0));
+    assert!(
+        !writes(&outs)
+            .iter()
+            .any(|w| matches!(w, ExecutorWrite::Timers(_))),
+        "{outs:?}"
+    );
+    assert_eq!(h.store.timers, None);
+}
+
+#[test]
+fn m1_timers_the_executor_cannot_run_on_close_the_connection_naming_both_values() {
+    // The mill's grace is below this executor's largest reconnect backoff (10 s).
+    let short = SessionTimers {
+        silence_timeout: secs(4),
+        snapshot_interval: secs(1),
+        reconnect_grace: secs(6),
+    };
+    let (mut h, _) = Harness::new(config());
+    let outs = h.connect_with(Seqno(0), short);
+    let reason = closes(&outs);
+    assert!(
+        reason.contains("--reconnect-grace 6s") && reason.contains("--backoff-max is 10s"),
+        "{reason}"
+    );
+    assert_eq!(
+        h.exec.timers(),
+        config().session_timers(),
+        "nothing adopted"
+    );
+    assert!(h.exec.ready_conn().is_none());
+    // Timers no session can run on (a snapshot interval above half the silence timeout).
+    let (mut h, _) = Harness::new(config());
+    let broken = SessionTimers {
+        snapshot_interval: secs(5),
+        ..mill_timers()
+    };
+    let reason = closes(&h.connect_with(Seqno(0), broken));
+    assert!(reason.contains("--snapshot-interval 5s"), "{reason}");
+}
+
+/// The reason of the one `Close` in `outs`.
+fn closes(outs: &[ExecutorOutput]) -> String {
+    let reasons: Vec<&String> = outs
+        .iter()
+        .filter_map(|o| match o {
+            ExecutorOutput::Close { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 1, "one close: {outs:?}");
+    reasons[0].clone()
 }

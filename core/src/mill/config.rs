@@ -89,6 +89,15 @@ fn err(setting: &'static str, value: impl std::fmt::Debug, reason: &'static str)
 }
 
 impl MillConfig {
+    /// The timers every `Welcome` carries, for the executor to adopt (M1, E12).
+    pub fn session_timers(&self) -> crate::wire::SessionTimers {
+        crate::wire::SessionTimers {
+            silence_timeout: self.silence_timeout,
+            snapshot_interval: self.snapshot_interval,
+            reconnect_grace: self.reconnect_grace,
+        }
+    }
+
     /// Checks every setting; the error names the first bad one with its value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
@@ -110,6 +119,13 @@ impl MillConfig {
                 "snapshot_interval",
                 self.snapshot_interval,
                 "must be below silence_timeout / 2 (M9)",
+            ));
+        }
+        if self.reconnect_grace <= self.silence_timeout {
+            return Err(err(
+                "reconnect_grace",
+                self.reconnect_grace,
+                "must be above silence_timeout (M5, E12)",
             ));
         }
         if !(1..=64).contains(&self.top_k) {
@@ -183,6 +199,15 @@ mod tests {
             ..MillConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().setting, "snapshot_interval");
+        // M5/E12: a grace at or below the silence timeout would hand executors timers
+        // they cannot adopt.
+        let c = MillConfig {
+            reconnect_grace: Duration::from_secs(15),
+            ..MillConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().setting, "reconnect_grace");
+        assert!(c.session_timers().problem().is_some());
+        assert_eq!(MillConfig::default().session_timers().problem(), None);
         let c = MillConfig {
             silence_timeout: Duration::ZERO,
             ..MillConfig::default()

@@ -326,7 +326,8 @@ impl Mill {
         self.arm(at, Timer::Silence(node.clone()));
         self.forget_idle_epochs(&node, epoch);
         let cursor = self.cursor(&node, epoch);
-        self.send(conn, ToExecutor::Welcome { cursor });
+        let timers = self.config.session_timers();
+        self.send(conn, ToExecutor::Welcome { cursor, timers });
         self.reindex(&node);
     }
 

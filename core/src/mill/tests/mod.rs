@@ -38,6 +38,14 @@ pub(super) fn config() -> MillConfig {
     }
 }
 
+/// The `Welcome` the test mill (on [`config`]) sends with cursor `cursor` (M1).
+pub(super) fn welcome(cursor: u64) -> ToExecutor {
+    ToExecutor::Welcome {
+        cursor: Seqno(cursor),
+        timers: config().session_timers(),
+    }
+}
+
 pub(super) fn spec() -> JobSpec {
     JobSpec {
         engine: "shell".into(),

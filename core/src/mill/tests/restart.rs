@@ -154,7 +154,7 @@ fn m29_cursors_and_quarantine_survive_a_restart() {
     h.events(b, 3, vec![]);
     h.restart();
     let a2 = h.hello_as("a", 1, &[]);
-    assert_eq!(h.sent(a2), vec![ToExecutor::Welcome { cursor: Seqno(1) }]);
+    assert_eq!(h.sent(a2), vec![welcome(1)]);
     let b2 = h.hello_as("b", 1, &[]);
     assert!(h.refused(b2).unwrap().contains("quarantined"));
 }

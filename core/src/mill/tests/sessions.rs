@@ -10,15 +10,9 @@ fn m1_welcome_carries_the_cursor_of_node_and_epoch() {
     h.events(conn, 1, vec![(1, lease, EventKind::Running)]);
     h.input(MillInput::Disconnected { conn }).unwrap();
     let again = h.hello_as("a", 1, &[]);
-    assert_eq!(
-        h.sent(again),
-        vec![ToExecutor::Welcome { cursor: Seqno(1) }]
-    );
+    assert_eq!(h.sent(again), vec![welcome(1)]);
     let other_epoch = h.hello_as("b", 7, &[]);
-    assert_eq!(
-        h.sent(other_epoch),
-        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
-    );
+    assert_eq!(h.sent(other_epoch), vec![welcome(0)]);
 }
 
 #[test]
@@ -110,10 +104,7 @@ fn m2_hello_after_silence_replaces_the_old_session() {
     h.now = h.now.plus(15 * SEC); // silent, not yet closed by a tick
     let second = h.hello_as("a", 1, &[]);
     assert!(h.closed(first).unwrap().contains("replaced"));
-    assert_eq!(
-        h.sent(second),
-        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
-    );
+    assert_eq!(h.sent(second), vec![welcome(0)]);
 }
 
 #[test]
@@ -478,7 +469,7 @@ fn m28_lifting_quarantine_lets_the_node_back() {
         quarantined: false
     }));
     let c = h.hello_as("a", 1, &[]);
-    assert_eq!(h.sent(c), vec![ToExecutor::Welcome { cursor: Seqno(0) }]);
+    assert_eq!(h.sent(c), vec![welcome(0)]);
 }
 
 #[test]
@@ -502,10 +493,7 @@ fn m5_a_node_back_with_a_wiped_store_takes_work_and_its_old_leases_fail_after_gr
     h.input(MillInput::Disconnected { conn }).unwrap();
     h.advance(5 * SEC);
     let wiped = h.hello_as("a", 2, &[]);
-    assert_eq!(
-        h.sent(wiped),
-        vec![ToExecutor::Welcome { cursor: Seqno(0) }]
-    );
+    assert_eq!(h.sent(wiped), vec![welcome(0)]);
     h.snapshot(wiped, 0.1, &[]);
     assert!(
         h.terminal_of(old_job).is_none(),
