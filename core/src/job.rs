@@ -199,6 +199,8 @@ pub enum TerminalCause {
     NoCompatibleExecutor,
     /// Quota refused it for good (M15, Q1).
     QuotaDenied,
+    /// No lease took it within `queue_timeout` of its submission.
+    QueueTimeout,
 }
 
 impl TerminalCause {
@@ -217,6 +219,7 @@ impl TerminalCause {
             TerminalCause::TeardownExceeded => "teardown_exceeded",
             TerminalCause::NoCompatibleExecutor => "no_compatible_executor",
             TerminalCause::QuotaDenied => "quota_denied",
+            TerminalCause::QueueTimeout => "queue_timeout",
         }
     }
 
@@ -235,7 +238,8 @@ impl TerminalCause {
             | TerminalCause::Timeout
             | TerminalCause::TeardownExceeded
             | TerminalCause::NoCompatibleExecutor
-            | TerminalCause::QuotaDenied => false,
+            | TerminalCause::QuotaDenied
+            | TerminalCause::QueueTimeout => false,
         }
     }
 }

@@ -136,6 +136,10 @@ pub struct MillTuning {
     /// Default job timeout (M18).
     #[arg(long, env = "MILLRACE_JOB_TIMEOUT", default_value = "24h", value_parser = dur, help_heading = "Advanced")]
     pub job_timeout: Duration,
+    /// A job no executor has taken this long after its submission ends failed, with why
+    /// (for example "no executor offers engine docker").
+    #[arg(long, env = "MILLRACE_QUEUE_TIMEOUT", default_value = "24h", value_parser = dur, help_heading = "Advanced")]
+    pub queue_timeout: Duration,
     /// Violation closures in a row that quarantine an executor (M28).
     #[arg(
         long,
@@ -199,6 +203,7 @@ impl MillTuning {
             ));
         }
         for (flag, d) in [
+            ("--queue-timeout", self.queue_timeout),
             ("--http-header-timeout", self.http_header_timeout),
             ("--http-body-timeout", self.http_body_timeout),
         ] {
@@ -232,6 +237,7 @@ impl Default for MillTuning {
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),
             job_timeout: Duration::from_secs(86_400),
+            queue_timeout: Duration::from_secs(86_400),
             quarantine_strikes: 3,
             max_sessions: 10_000,
             hello_timeout: Duration::from_secs(5),

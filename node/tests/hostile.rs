@@ -598,3 +598,39 @@ fn a_job_nobody_can_take_says_why_it_waits() {
     assert_eq!(done["state"], "success", "{done}");
     assert!(done.get("waiting").is_none(), "{done}");
 }
+
+/// Issue 11 item 6: `--queue-timeout` ends a job no executor took, failed, with why it
+/// waited (cause `queue_timeout`); a job an executor takes meanwhile is not touched.
+#[test]
+fn queue_timeout_ends_a_job_nobody_takes_saying_why() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), &["--queue-timeout", "3s"]);
+    let _x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "shell-only",
+        1,
+        &mill.data.join("token"),
+        &[],
+    );
+    wait_for("the executor", || {
+        mill.api.ready("shell-only").then_some(())
+    });
+    let docker = mill
+        .api
+        .submit(&serde_json::json!({"command": "true", "engine": "docker"}));
+    let ok = mill.api.submit(&serde_json::json!({"command": "sleep 4"}));
+    let v = mill.api.wait_done(docker);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["cause"], "queue_timeout", "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("queue_timeout 3s") && error.contains("no executor offers engine docker"),
+        "{v}"
+    );
+    let done = mill.api.wait_done(ok);
+    assert_eq!(
+        done["state"], "success",
+        "placed in time, it runs past the queue timeout: {done}"
+    );
+}

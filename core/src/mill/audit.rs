@@ -36,6 +36,9 @@ impl Mill {
                         .is_some_and(|c| c.phase == CancelPhase::Acked { teardown: at })
                 }),
                 Timer::JobTimeout(job) => self.jobs.get(job).is_some_and(|j| j.deadline == at),
+                Timer::QueueTimeout(job) => self.jobs.get(job).is_some_and(|j| {
+                    j.queue_deadline == Some(at) && !matches!(j.phase, Phase::Leased(_))
+                }),
             };
             if !live {
                 return Err(format!("timer {timer:?} at {at:?} watches nothing live"));
@@ -60,6 +63,9 @@ impl Mill {
                 };
             if !stopping {
                 missing(Timer::JobTimeout(*id), j.deadline)?;
+            }
+            if let Some(at) = j.queue_deadline {
+                missing(Timer::QueueTimeout(*id), at)?;
             }
             if let Phase::Bidding(round) = &j.phase {
                 for (lease, at) in round.open_asks() {

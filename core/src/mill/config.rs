@@ -32,6 +32,9 @@ pub struct MillConfig {
     pub cancel_teardown_timeout: Duration,
     /// Default job timeout (M18). Default 24 h.
     pub job_timeout: Duration,
+    /// A job no lease has taken this long after its submission ends Failed, with why no
+    /// executor took it (cause `QueueTimeout`). Default 24 h.
+    pub queue_timeout: Duration,
     /// Violation closures in a row that quarantine a node (M28). Default 3.
     pub quarantine_strikes: u32,
     /// Shared secret executors present in `Hello` (M1); `None` accepts any token (tests,
@@ -59,6 +62,7 @@ impl Default for MillConfig {
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),
             job_timeout: Duration::from_secs(24 * 3600),
+            queue_timeout: Duration::from_secs(24 * 3600),
             quarantine_strikes: 3,
             executor_token: None,
             max_sessions: 10_000,
@@ -108,6 +112,7 @@ impl MillConfig {
             ("cancel_ack_timeout", self.cancel_ack_timeout),
             ("cancel_teardown_timeout", self.cancel_teardown_timeout),
             ("job_timeout", self.job_timeout),
+            ("queue_timeout", self.queue_timeout),
         ];
         for (setting, value) in positive {
             if value.is_zero() {

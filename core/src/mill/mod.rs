@@ -304,6 +304,7 @@ enum Timer {
     CancelAck(NodeId, LeaseId),
     Teardown(LeaseId),
     JobTimeout(JobId),
+    QueueTimeout(JobId),
 }
 
 /// A connection the driver reported.
@@ -387,6 +388,8 @@ struct Job {
     queued_at: Time,
     /// When it times out (M18).
     deadline: Time,
+    /// Until a lease first takes it: when it ends for having waited `queue_timeout`.
+    queue_deadline: Option<Time>,
     phase: Phase,
     /// After a quota wait: the charge already held for the re-bid (M15).
     quota_held: Option<Resources>,
@@ -716,6 +719,7 @@ impl Mill {
             Timer::CancelAck(node, lease) => self.cancel_ack_expired(node, lease, at),
             Timer::Teardown(lease) => self.teardown_expired(lease, at),
             Timer::JobTimeout(job) => self.job_timed_out(job, at),
+            Timer::QueueTimeout(job) => self.queue_timed_out(job, at),
         }
     }
 
@@ -748,12 +752,14 @@ impl Mill {
             .now
             .plus(spec.timeout.unwrap_or(self.config.job_timeout));
         self.arm(deadline, Timer::JobTimeout(id));
+        let queue_deadline = self.arm_queue_timeout(id, deadline);
         self.jobs.insert(
             id,
             Box::new(Job {
                 spec,
                 queued_at: self.now,
                 deadline,
+                queue_deadline,
                 phase: Phase::Queued,
                 quota_held: None,
                 persisted_beyond_queued: false,
@@ -784,6 +790,7 @@ impl Mill {
             return;
         };
         self.disarm(&Timer::JobTimeout(job));
+        self.disarm(&Timer::QueueTimeout(job));
         self.queue.remove(&job);
         if let Phase::Bidding(round) = j.phase {
             self.abandon_round(round);
@@ -799,6 +806,89 @@ impl Mill {
             state: state.clone(),
         });
         self.emit(MillOutput::JobUpdate { job, state });
+    }
+
+    /// Arms the queue timeout of a job not yet leased, when it comes before its job timeout
+    /// (M18 ends it first otherwise); returns the deadline.
+    fn arm_queue_timeout(&mut self, job: JobId, deadline: Time) -> Option<Time> {
+        let at = self.now.plus(self.config.queue_timeout);
+        if at >= deadline {
+            return None;
+        }
+        self.arm(at, Timer::QueueTimeout(job));
+        Some(at)
+    }
+
+    /// A job's first lease is published: it no longer waits for placement.
+    fn placed(&mut self, job: JobId) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            if j.queue_deadline.take().is_some() {
+                self.disarm(&Timer::QueueTimeout(job));
+            }
+        }
+    }
+
+    /// The queue timeout of a job no lease took: it ends Failed, saying why no executor
+    /// took it.
+    fn queue_timed_out(&mut self, job: JobId, fired: Time) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        if j.queue_deadline != Some(fired) {
+            return;
+        }
+        debug_assert!(
+            !matches!(j.phase, Phase::Leased(_)),
+            "{job}: a leased job keeps no queue deadline"
+        );
+        let why = format!(
+            "not placed within queue_timeout {:?}: {}",
+            self.config.queue_timeout,
+            self.why_waiting(&j.spec, &j.phase)
+        );
+        self.finish_job(
+            job,
+            Terminal::by_mill(
+                crate::job::TerminalStatus::Failed,
+                crate::job::TerminalCause::QueueTimeout,
+                why,
+            ),
+        );
+    }
+
+    /// Why no executor has taken a waiting job of `spec`, from the sessions the mill holds.
+    fn why_waiting(&self, spec: &JobSpec, phase: &Phase) -> String {
+        if let Phase::QuotaWait { .. } = phase {
+            return format!("waiting for quota of owner {}", spec.identity.owner);
+        }
+        let live: Vec<_> = self
+            .sessions
+            .iter()
+            .filter(|(node, _)| !self.quarantined.contains(*node))
+            .map(|(_, s)| s)
+            .collect();
+        if live.is_empty() {
+            return "no executor is connected".to_string();
+        }
+        let with_engine: Vec<_> = live
+            .iter()
+            .filter(|s| s.engines.contains(&spec.engine))
+            .collect();
+        if with_engine.is_empty() {
+            return format!("no executor offers engine {}", spec.engine);
+        }
+        if !with_engine
+            .iter()
+            .any(|s| spec.labels.iter().all(|l| s.labels.contains(l)))
+        {
+            let wanted: Vec<&str> = spec.labels.iter().map(String::as_str).collect();
+            return format!(
+                "no executor with engine {} holds the labels {}",
+                spec.engine,
+                wanted.join(", ")
+            );
+        }
+        "no executor that can run it had a free seat".to_string()
     }
 
     /// Puts a job back in the queue (nothing ran, or it will be placed again).

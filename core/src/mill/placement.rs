@@ -765,6 +765,7 @@ impl Mill {
             self.release_quota(job, false);
             return self.requeue(job);
         };
+        self.placed(job);
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };

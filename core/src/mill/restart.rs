@@ -92,12 +92,20 @@ impl Mill {
                 _ => None,
             };
             let requeued = lease.is_none() && record.state != JobState::Queued;
+            // A job no lease ever took waits its queue timeout again from the restart, as
+            // its job timeout does.
+            let queue_deadline = if record.state == JobState::Queued {
+                self.arm_queue_timeout(id, deadline)
+            } else {
+                None
+            };
             self.jobs.insert(
                 id,
                 Box::new(Job {
                     spec: record.spec,
                     queued_at: self.now,
                     deadline,
+                    queue_deadline,
                     phase: match lease {
                         Some(l) => Phase::Leased(l),
                         None => Phase::Queued,

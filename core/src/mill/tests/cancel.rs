@@ -1,6 +1,7 @@
 //! M18, M26, M27: cancels and timeouts.
 
 use super::*;
+use crate::job::TerminalCause;
 
 fn cancel(h: &mut H, job: JobId) {
     h.cancel_req(job, "user".into()).unwrap();
@@ -185,4 +186,69 @@ fn m16_a_lease_ended_in_the_step_that_published_it_is_never_committed() {
     assert!(!committed, "{:?}", h.out);
     assert!(!h.store.leases.contains_key(&lb));
     assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Timeout);
+}
+
+/// Issue 11 item 6: a job no lease takes within `queue_timeout` ends Failed (cause
+/// `QueueTimeout`), and its error says why no executor took it.
+#[test]
+fn a_job_nobody_takes_ends_at_its_queue_timeout_saying_why() {
+    let mut h = H::with(MillConfig {
+        queue_timeout: 30 * SEC,
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let mut s = spec();
+    s.engine = "docker".into();
+    let job = h.submit(s);
+    h.keep_alive(a, 29 * SEC, &[]);
+    assert_eq!(h.ended(job), None, "still within its queue timeout");
+    h.keep_alive(a, SEC, &[]);
+    let t = h.ended(job).expect("ended by the queue timeout");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert_eq!(t.cause, Some(TerminalCause::QueueTimeout));
+    let error = t.error.unwrap_or_default();
+    assert!(
+        error.contains("queue_timeout 30s") && error.contains("no executor offers engine docker"),
+        "{error}"
+    );
+}
+
+/// A job a lease took before its queue timeout is not ended by it (only M18 bounds it),
+/// and no timer is left for it.
+#[test]
+fn a_placed_job_keeps_no_queue_timeout() {
+    let mut h = H::with(MillConfig {
+        queue_timeout: 30 * SEC,
+        ..config()
+    });
+    let a = h.ready("a", 0.0);
+    let (job, lease) = h.run_on(a, spec());
+    h.keep_alive(a, 60 * SEC, &[lease]);
+    assert_eq!(h.ended(job), None);
+    assert!(h.cancels(a).is_empty());
+}
+
+/// A queued job with no executor at all says so; after a mill restart its queue timeout
+/// runs again (M29: restored jobs re-arm their deadlines).
+#[test]
+fn a_queued_job_times_out_after_a_restart_too() {
+    let cfg = MillConfig {
+        queue_timeout: 30 * SEC,
+        ..config()
+    };
+    let mut h = H::with(cfg);
+    let job = h.submit(spec());
+    h.advance(10 * SEC);
+    h.restart();
+    h.advance(29 * SEC);
+    assert_eq!(h.ended(job), None);
+    h.advance(SEC);
+    let t = h.ended(job).expect("ended by the queue timeout");
+    assert_eq!(t.cause, Some(TerminalCause::QueueTimeout));
+    assert!(
+        t.error
+            .unwrap_or_default()
+            .contains("no executor is connected"),
+        "{job}"
+    );
 }

@@ -376,6 +376,17 @@ impl H {
             .collect()
     }
 
+    /// `job`'s terminal, if any step so far (since the last restart) ended it.
+    pub fn ended(&self, job: JobId) -> Option<Terminal> {
+        self.all.iter().find_map(|o| match o {
+            MillOutput::JobUpdate {
+                job: j,
+                state: JobState::Done(t),
+            } if *j == job => Some(t.clone()),
+            _ => None,
+        })
+    }
+
     pub fn terminal_of(&self, job: JobId) -> Option<Terminal> {
         self.updates().into_iter().find_map(|(j, s)| match s {
             JobState::Done(t) if j == job => Some(t),
