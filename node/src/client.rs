@@ -126,6 +126,19 @@ impl Client {
         }
     }
 
+    /// A transport failure, with a hint when plain http met something that is not HTTP (a
+    /// TLS port, most likely).
+    fn unreachable(&self, e: &ureq::Error) -> ClientError {
+        let hint = if matches!(e, ureq::Error::Protocol(_))
+            && self.base.to_ascii_lowercase().starts_with("http://")
+        {
+            " (if the mill serves TLS, use --server https://… with --tls-ca)"
+        } else {
+            ""
+        };
+        ClientError(format!("cannot reach the mill at {}: {e}{hint}", self.base))
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -134,8 +147,7 @@ impl Client {
         &self,
         r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<(u16, Value), ClientError> {
-        let mut resp =
-            r.map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+        let mut resp = r.map_err(|e| self.unreachable(&e))?;
         let status = resp.status().as_u16();
         let text = resp
             .body_mut()
@@ -172,7 +184,7 @@ impl Client {
             .get(self.url(&format!("/v1/jobs/{job}/log")))
             .header("Authorization", &self.auth)
             .call()
-            .map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+            .map_err(|e| self.unreachable(&e))?;
         if resp.status().as_u16() != 200 {
             return Err(ClientError(format!("log: HTTP {}", resp.status())));
         }
