@@ -442,6 +442,39 @@ mod tests {
         assert_eq!(p.waiting(), 0);
     }
 
+    fn hello(node: &str, token: &str) -> ToMill {
+        ToMill::Hello {
+            protocol_version: millrace_core::wire::PROTOCOL_VERSION,
+            node_id: node.into(),
+            epoch: millrace_core::Epoch(1),
+            token: token.into(),
+            labels: Vec::new(),
+            engines: Vec::new(),
+        }
+    }
+
+    /// Issue 11 item 4: with mutual TLS the token is not enough; the certificate must name
+    /// the Hello's node id. Without a certificate (no mTLS) only the token counts.
+    #[test]
+    fn mtls_hello_for_another_node_than_the_certificate_is_refused() {
+        let p = preauth(2);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["exec-a".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .der()
+            .clone();
+        assert!(p.check(hello("exec-a", "t"), Some(&cert)).is_ok());
+        let rej = p.check(hello("exec-b", "t"), Some(&cert)).unwrap_err();
+        assert_eq!(rej.kind, Reject::Identity);
+        assert!(rej.detail.contains("exec-b"), "{}", rej.detail);
+        // The token is checked first: a wrong token is a token rejection either way.
+        let rej = p.check(hello("exec-a", "wrong"), Some(&cert)).unwrap_err();
+        assert_eq!(rej.kind, Reject::Token);
+        assert!(p.check(hello("exec-b", "t"), None).is_ok());
+    }
+
     #[test]
     fn rejections_are_counted_per_reason() {
         let p = preauth(2);
