@@ -176,14 +176,14 @@ pub async fn serve(
                     let started = tokio::time::Instant::now();
                     let accepted =
                         tokio::time::timeout(header_timeout, acceptor.accept(stream)).await;
-                    let error = match accepted {
+                    let handshake = match accepted {
                         Ok(Ok(s)) => Ok(s),
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err(format!(
                             "no handshake within {header_timeout:?} (--http-header-timeout)"
                         )),
                     };
-                    let stream = match error {
+                    let stream = match handshake {
                         Ok(s) => s,
                         Err(error) => {
                             let n = failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
