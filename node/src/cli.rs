@@ -293,6 +293,32 @@ pub struct MillArgs {
     /// Executors' credential is refused on the API.
     #[arg(long, env = "MILLRACE_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
+    /// TLS: the mill's certificate chain (PEM, leaf first), served on the executor port and
+    /// the HTTP API alike. Needs --tls-key.
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_CERT",
+        requires = "tls_key",
+        help_heading = "TLS"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: the private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_KEY",
+        requires = "tls_cert",
+        help_heading = "TLS"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS on the executor port: executors must present a certificate signed by this
+    /// CA (PEM) whose DNS subject alternative name is their node id.
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        help_heading = "TLS"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
     /// Timers.
     #[command(flatten)]
     pub timing: Timing,
@@ -322,6 +348,34 @@ pub struct ExecutorArgs {
     /// File holding the mill's token (else MILLRACE_TOKEN).
     #[arg(long, env = "MILLRACE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// TLS: dial the mill over TLS, trusting this CA (PEM) for the mill's certificate.
+    #[arg(long, env = "MILLRACE_TLS_CA", help_heading = "TLS")]
+    pub tls_ca: Option<PathBuf>,
+    /// TLS: the name the mill's certificate must carry (default: the host of --mill).
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_SERVER_NAME",
+        requires = "tls_ca",
+        help_heading = "TLS"
+    )]
+    pub tls_server_name: Option<String>,
+    /// Mutual TLS: this executor's certificate (PEM), naming its node id as a DNS subject
+    /// alternative name. Needs --tls-key and --tls-ca.
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_CERT",
+        requires_all = ["tls_key", "tls_ca"],
+        help_heading = "TLS"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// Mutual TLS: the private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "MILLRACE_TLS_KEY",
+        requires = "tls_cert",
+        help_heading = "TLS"
+    )]
+    pub tls_key: Option<PathBuf>,
     /// Timers (must match the mill's).
     #[command(flatten)]
     pub timing: Timing,
@@ -392,6 +446,9 @@ pub struct ClientArgs {
     /// Data directory whose API token to use when neither of the above is given.
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
+    /// Speak https, trusting this CA (PEM) for the mill's certificate (--server https://…).
+    #[arg(long, env = "MILLRACE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `millrace submit`.

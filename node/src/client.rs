@@ -45,23 +45,77 @@ pub struct Client {
     stream_agent: ureq::Agent,
 }
 
+/// The base URL for `--server` and whether TLS is on: `https://…` needs `--tls-ca`, and
+/// `--tls-ca` needs `https://…`; a bare `host:port` gets the scheme `--tls-ca` implies.
+pub fn base_url(server: &str, tls_ca: bool) -> Result<String, ClientError> {
+    let server = server.trim_end_matches('/');
+    let lower = server.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        if !tls_ca {
+            return Err(ClientError(format!(
+                "--server {server} is https: give --tls-ca with the CA (PEM) that signed the mill's certificate"
+            )));
+        }
+        Ok(server.to_string())
+    } else if lower.starts_with("http://") {
+        if tls_ca {
+            return Err(ClientError(format!(
+                "--tls-ca is set but --server {server} is plain http: use https://{}",
+                server.get("http://".len()..).unwrap_or_default()
+            )));
+        }
+        Ok(server.to_string())
+    } else if server.contains("://") {
+        Err(ClientError(format!(
+            "--server {server}: only http:// and https:// are supported"
+        )))
+    } else if tls_ca {
+        Ok(format!("https://{server}"))
+    } else {
+        Ok(format!("http://{server}"))
+    }
+}
+
+/// ureq's TLS settings trusting only the CA file at `ca` (ring, handed in explicitly).
+fn tls_config(ca: &Path) -> Result<ureq::tls::TlsConfig, ClientError> {
+    let certs = crate::tls::load_ca("--tls-ca", ca).map_err(|e| ClientError(e.to_string()))?;
+    let roots: Vec<ureq::tls::Certificate<'static>> = certs
+        .iter()
+        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    Ok(ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
+        .unversioned_rustls_crypto_provider(crate::tls::provider())
+        .build())
+}
+
 impl Client {
-    /// A client for `args.server` with the resolved token.
+    /// A client for `args.server` with the resolved token (https with `--tls-ca`).
     pub fn new(args: &ClientArgs) -> Result<Self, ClientError> {
+        let base = base_url(&args.server, args.tls_ca.is_some())?;
+        let tls = args.tls_ca.as_deref().map(tls_config).transpose()?;
         let t = token(args)?;
-        Ok(Client::with_token(&args.server, &t))
+        Ok(Client::build(&base, &t, tls))
     }
 
-    /// A client for `server` with `token`.
+    /// A plain-http client for `server` with `token`.
     pub fn with_token(server: &str, token: &str) -> Self {
+        Client::build(server, token, None)
+    }
+
+    fn build(server: &str, token: &str, tls: Option<ureq::tls::TlsConfig>) -> Self {
+        let tls = tls.unwrap_or_default();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
+            .tls_config(tls.clone())
             .build()
             .into();
         let stream_agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))
+            .tls_config(tls)
             .build()
             .into();
         Client {
@@ -72,6 +126,19 @@ impl Client {
         }
     }
 
+    /// A transport failure, with a hint when plain http met something that is not HTTP (a
+    /// TLS port, most likely).
+    fn unreachable(&self, e: &ureq::Error) -> ClientError {
+        let hint = if matches!(e, ureq::Error::Protocol(_))
+            && self.base.to_ascii_lowercase().starts_with("http://")
+        {
+            " (if the mill serves TLS, use --server https://… with --tls-ca)"
+        } else {
+            ""
+        };
+        ClientError(format!("cannot reach the mill at {}: {e}{hint}", self.base))
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -80,8 +147,7 @@ impl Client {
         &self,
         r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<(u16, Value), ClientError> {
-        let mut resp =
-            r.map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+        let mut resp = r.map_err(|e| self.unreachable(&e))?;
         let status = resp.status().as_u16();
         let text = resp
             .body_mut()
@@ -118,7 +184,7 @@ impl Client {
             .get(self.url(&format!("/v1/jobs/{job}/log")))
             .header("Authorization", &self.auth)
             .call()
-            .map_err(|e| ClientError(format!("cannot reach the mill at {}: {e}", self.base)))?;
+            .map_err(|e| self.unreachable(&e))?;
         if resp.status().as_u16() != 200 {
             return Err(ClientError(format!("log: HTTP {}", resp.status())));
         }
@@ -313,4 +379,22 @@ pub fn lift(node: &str, args: &ClientArgs) -> Result<(), ClientError> {
     }
     println!("quarantine of {node} lifted");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn https_and_tls_ca_go_together() {
+        assert_eq!(base_url("https://m:1/", true).unwrap(), "https://m:1");
+        assert_eq!(base_url("http://m:1", false).unwrap(), "http://m:1");
+        assert_eq!(base_url("m:1", true).unwrap(), "https://m:1");
+        assert_eq!(base_url("m:1", false).unwrap(), "http://m:1");
+        let e = base_url("https://m:1", false).unwrap_err().0;
+        assert!(e.contains("--tls-ca"), "{e}");
+        let e = base_url("http://m:1", true).unwrap_err().0;
+        assert!(e.contains("https://m:1"), "{e}");
+        assert!(base_url("ftp://m:1", false).is_err());
+    }
 }

@@ -44,6 +44,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 max_sessions: 10_000,
                 ..MillTuning::default()
             },
+            tls: None,
         },
         clock,
     )
@@ -67,6 +68,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                     drain_timeout: Duration::from_secs(30),
                     job_hard_cap: None,
                 },
+                tls: None,
             },
             clock,
             tokio::runtime::Handle::current(),

@@ -58,6 +58,8 @@ pub struct ExecDriverParts {
     pub clock: Clock,
     /// The mill's executor address.
     pub mill: String,
+    /// TLS towards the mill; `None`: plain TCP.
+    pub tls: Option<crate::tls::ExecTls>,
     /// The engine.
     pub engine: ShellEngine,
     /// How long a drain may wait for running jobs and the outbox.
@@ -309,18 +311,45 @@ impl Driver {
         }
     }
 
-    /// Dials the mill; reports `Connected` or `ConnectFailed`, then runs the connection.
+    /// Dials the mill; reports `Connected` or `ConnectFailed`, then runs the connection. With
+    /// TLS, the handshake is part of the dial and shares its timeout.
     fn dial(&mut self) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         let addr = self.parts.mill.clone();
         let tx = self.tx.clone();
         let timeout = self.parts.executor.config().silence_timeout;
+        let tls = self.parts.tls.clone();
         self.parts.runtime.spawn(async move {
-            let stream = match tokio::time::timeout(timeout, connect(&addr)).await {
+            let dialled = tokio::time::timeout(timeout, async {
+                let tcp = connect(&addr).await.map_err(Dial::Tcp)?;
+                let _ = tcp.set_nodelay(true);
+                match &tls {
+                    None => Ok(Stream::Plain(tcp)),
+                    Some(t) => tokio_rustls::TlsConnector::from(t.config.clone())
+                        .connect(t.server_name.clone(), tcp)
+                        .await
+                        .map(|s| Stream::Tls(Box::new(s)))
+                        .map_err(Dial::Handshake),
+                }
+            })
+            .await;
+            let stream = match dialled {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
+                Ok(Err(Dial::Tcp(e))) => {
                     tracing::debug!(mill = %addr, error = %e, "connect failed");
+                    let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
+                    return;
+                }
+                Ok(Err(Dial::Handshake(e))) => {
+                    // A configuration problem more often than not (wrong CA, wrong name):
+                    // say so every time; the reconnect backoff bounds how often.
+                    tracing::warn!(
+                        mill = %addr,
+                        server_name = tls.as_ref().map(|t| t.server_name.to_str().into_owned()),
+                        error = %e,
+                        "TLS handshake with the mill failed"
+                    );
                     let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
                     return;
                 }
@@ -330,7 +359,7 @@ impl Driver {
                     return;
                 }
             };
-            tracing::info!(mill = %addr, %conn, "connected to the mill");
+            tracing::info!(mill = %addr, %conn, tls = tls.is_some(), "connected to the mill");
             let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
             if tx
                 .send(ExecCmd::Connected { conn, tx: out_tx })
@@ -339,27 +368,53 @@ impl Driver {
             {
                 return;
             }
-            let deliver_tx = tx.clone();
-            let ended = net::run(
-                stream,
-                out_rx,
-                |d: &mut FrameDecoder| d.next_frame::<ToExecutor>(),
-                move |msg| {
-                    let tx = deliver_tx.clone();
-                    async move {
-                        tx.send(ExecCmd::Input(ExecutorInput::Message { conn, msg }))
-                            .await
-                            .is_ok()
-                    }
-                },
-            )
-            .await;
+            let ended = match stream {
+                Stream::Plain(s) => run_conn(s, conn, out_rx, tx.clone()).await,
+                Stream::Tls(s) => run_conn(*s, conn, out_rx, tx.clone()).await,
+            };
             tracing::info!(%conn, reason = %ended, "disconnected from the mill");
             let _ = tx
                 .send(ExecCmd::Input(ExecutorInput::Disconnected { conn }))
                 .await;
         });
     }
+}
+
+/// Why a dial failed.
+enum Dial {
+    /// No TCP connection.
+    Tcp(std::io::Error),
+    /// The TLS handshake failed.
+    Handshake(std::io::Error),
+}
+
+/// A dialled connection.
+enum Stream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Frames one connection to the mill until it ends.
+async fn run_conn<S: net::Transport>(
+    stream: S,
+    conn: ConnId,
+    out_rx: mpsc::Receiver<ConnOut<ToMill>>,
+    tx: mpsc::Sender<ExecCmd>,
+) -> net::Ended {
+    net::run(
+        stream,
+        out_rx,
+        |d: &mut FrameDecoder| d.next_frame::<ToExecutor>(),
+        move |msg| {
+            let tx = tx.clone();
+            async move {
+                tx.send(ExecCmd::Input(ExecutorInput::Message { conn, msg }))
+                    .await
+                    .is_ok()
+            }
+        },
+    )
+    .await
 }
 
 async fn connect(addr: &str) -> std::io::Result<tokio::net::TcpStream> {

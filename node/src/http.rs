@@ -116,17 +116,22 @@ pub struct HttpLimits {
 
 /// Serves `app` on `listener` within `limits` until `shutdown`, then lets requests in flight
 /// finish (bounded). Accept errors (out of descriptors) back off and retry; they never end
-/// the listener.
+/// the listener. With `tls`, each connection first completes a TLS handshake inside its slot;
+/// the handshake and the first request head share `header_timeout`, so a client that
+/// stalls the handshake holds its slot no longer than one that stalls its headers.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut failures = 0u64;
+    // Failed handshakes, logged at powers of two with the count: a scanner must not flood
+    // the log.
+    let handshake_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         let permit = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -137,8 +142,8 @@ pub async fn serve(
             _ = shutdown.wait_for(|s| *s) => break,
             a = listener.accept() => a,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
             Err(e) => {
                 failures += 1;
                 if failures.is_power_of_two() {
@@ -151,19 +156,71 @@ pub async fn serve(
         // Small answers must not wait for Nagle and a delayed ACK.
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout)
-            .keep_alive(true);
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+        match &tls {
+            None => {
+                let conn = graceful.watch(
+                    connection(limits.header_timeout)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
+                );
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                let watcher = graceful.watcher();
+                let header_timeout = limits.header_timeout;
+                let failures = handshake_failures.clone();
+                tokio::spawn(async move {
+                    let started = tokio::time::Instant::now();
+                    let accepted =
+                        tokio::time::timeout(header_timeout, acceptor.accept(stream)).await;
+                    let handshake = match accepted {
+                        Ok(Ok(s)) => Ok(s),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!(
+                            "no handshake within {header_timeout:?} (--http-header-timeout)"
+                        )),
+                    };
+                    let stream = match handshake {
+                        Ok(s) => s,
+                        Err(error) => {
+                            let n = failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                            if n.is_power_of_two() {
+                                tracing::warn!(%peer, %error, failures = n, "TLS handshake on the HTTP API failed (logged at powers of two of the count)");
+                            }
+                            return;
+                        }
+                    };
+                    // The first head gets what the handshake left of the header timeout
+                    // (later heads on this connection too; a handshake takes milliseconds).
+                    let left = header_timeout
+                        .saturating_sub(started.elapsed())
+                        .max(Duration::from_millis(1));
+                    let conn = watcher.watch(
+                        connection(left)
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
+                    );
+                    let _ = conn.await;
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+/// One HTTP/1.1 connection's settings: keep-alive, and a request head must be in within
+/// `header_timeout` (which also ends idle keep-alive connections).
+fn connection(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    builder
 }
 
 /// Turns every error answer that is not JSON yet (axum's rejections, 405, 413 from a

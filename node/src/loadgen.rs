@@ -212,6 +212,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
             max_sessions: 10_000,
             ..MillTuning::default()
         },
+        tls: None,
     };
     let mill = node::start_mill(opts, Clock::start())
         .await

@@ -23,6 +23,7 @@ mod preauth;
 mod shell;
 mod sqlite;
 mod supervisor;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -172,6 +173,7 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
             api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
+            tls: mill_tls(&a)?,
         },
         Clock::start(),
     )
@@ -180,6 +182,43 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
     wait_or_fail(|| mill.driver_finished()).await;
     tracing::info!("shutting down: no new connections; committing and closing the store");
     mill.stop().await.map_err(|e| e.to_string())
+}
+
+/// The mill's TLS files: none, or a certificate with its key (and maybe a client CA).
+fn mill_tls(a: &cli::MillArgs) -> Result<Option<tls::MillTlsFiles>, String> {
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(tls::MillTlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: a.tls_client_ca.clone(),
+        })),
+        (None, None) if a.tls_client_ca.is_none() => Ok(None),
+        (None, None) => Err("--tls-client-ca needs --tls-cert and --tls-key".into()),
+        (Some(_), None) => Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => Err("--tls-key needs --tls-cert".into()),
+    }
+}
+
+/// The executor's TLS files: none, a CA to trust, and maybe a client certificate.
+fn exec_tls(a: &cli::ExecutorArgs) -> Result<Option<tls::ExecTlsFiles>, String> {
+    let client = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
+        (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+    };
+    match &a.tls_ca {
+        Some(ca) => Ok(Some(tls::ExecTlsFiles {
+            ca: ca.clone(),
+            client,
+            server_name: a.tls_server_name.clone(),
+        })),
+        None if client.is_some() => {
+            Err("--tls-cert needs --tls-ca (the CA of the mill's certificate)".into())
+        }
+        None if a.tls_server_name.is_some() => Err("--tls-server-name needs --tls-ca".into()),
+        None => Ok(None),
+    }
 }
 
 /// Waits for a signal, or for a driver that stopped by itself (a failed commit).
@@ -217,6 +256,7 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
             token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
+            tls: exec_tls(&a)?,
         },
         Clock::start(),
         tokio::runtime::Handle::current(),
@@ -242,6 +282,8 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             api_token,
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
+            // Standalone listens on loopback by default; TLS is for `mill` across machines.
+            tls: None,
         },
         clock,
     )
@@ -257,6 +299,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             token: token.clone(),
             timing: a.timing.clone(),
             tuning: a.exec.clone(),
+            tls: None,
         },
         clock,
         tokio::runtime::Handle::current(),

@@ -1,13 +1,17 @@
 //! Connection tasks: they only frame bytes. A reader turns bytes into messages for its
 //! driver; a writer turns the driver's messages into frames. A frame over the limit or a
 //! malformed one closes that connection only, and the driver hears `Disconnected` once.
+//!
+//! A connection is plain TCP or TLS over TCP ([`Transport`]). The loops are generic and
+//! monomorphised per transport, so plain TCP keeps its lock-free owned halves; a TLS stream
+//! is split with `tokio::io::split` (its two directions share one rustls session anyway).
 
 use std::future::Future;
 use std::time::Duration;
 
 use millrace_core::codec::{encode_into, CodecError, FrameDecoder};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -61,21 +65,67 @@ impl std::fmt::Display for Ended {
     }
 }
 
+/// A byte stream a connection runs on: plain TCP, or TLS over TCP (either side).
+pub trait Transport: Send + 'static {
+    /// The reading half.
+    type Read: AsyncRead + Unpin + Send + 'static;
+    /// The writing half.
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    /// The TCP socket underneath.
+    fn tcp(&self) -> &TcpStream;
+    /// Splits into halves the reader and the writer own.
+    fn split(self) -> (Self::Read, Self::Write);
+}
+
+impl Transport for TcpStream {
+    type Read = OwnedReadHalf;
+    type Write = OwnedWriteHalf;
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+    fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.into_split()
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+    type Read = ReadHalf<Self>;
+    type Write = WriteHalf<Self>;
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+    fn split(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
+impl Transport for tokio_rustls::client::TlsStream<TcpStream> {
+    type Read = ReadHalf<Self>;
+    type Write = WriteHalf<Self>;
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+    fn split(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
 /// Runs one connection until either side ends it; returns how it ended. The caller reports
 /// `Disconnected` to its driver afterwards, exactly once.
-pub async fn run<In, Out, D, Fut>(
-    stream: TcpStream,
+pub async fn run<S, In, Out, D, Fut>(
+    stream: S,
     out: mpsc::Receiver<ConnOut<Out>>,
     decode: fn(&mut FrameDecoder) -> Result<Option<In>, CodecError>,
     deliver: D,
 ) -> Ended
 where
+    S: Transport,
     Out: Serialize + Send + 'static,
     D: FnMut(In) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+    let _ = stream.tcp().set_nodelay(true);
+    let (rd, wr) = stream.split();
     let mut writer = tokio::spawn(write_loop(wr, out));
     let reader = read_loop(rd, decode, deliver);
     tokio::select! {
@@ -87,8 +137,8 @@ where
     }
 }
 
-async fn read_loop<In, D, Fut>(
-    mut rd: OwnedReadHalf,
+async fn read_loop<R: AsyncRead + Unpin, In, D, Fut>(
+    mut rd: R,
     decode: fn(&mut FrameDecoder) -> Result<Option<In>, CodecError>,
     mut deliver: D,
 ) -> Ended
@@ -119,8 +169,8 @@ where
     }
 }
 
-async fn write_loop<Out: Serialize>(
-    mut wr: OwnedWriteHalf,
+async fn write_loop<W: AsyncWrite + Unpin, Out: Serialize>(
+    mut wr: W,
     mut out: mpsc::Receiver<ConnOut<Out>>,
 ) -> Ended {
     let mut frames = Vec::new();
@@ -152,6 +202,10 @@ async fn write_loop<Out: Serialize>(
         }
         if !frames.is_empty() {
             if let Err(e) = wr.write_all(&frames).await {
+                return Ended::Io(e);
+            }
+            // A no-op on plain TCP; TLS may hold the last record until flushed.
+            if let Err(e) = wr.flush().await {
                 return Ended::Io(e);
             }
             frames.clear();

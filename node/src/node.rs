@@ -22,7 +22,7 @@ use crate::http::{self, Api};
 use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
 use crate::mill_store::{MillReader, MillStore};
 use crate::net::{self, OUT_QUEUE};
-use crate::preauth::{Preauth, PreauthConfig};
+use crate::preauth::{Preauth, PreauthConfig, Reject, Rejected};
 use crate::shell::{EngineSettings, ShellEngine};
 
 /// Why a node could not start or stopped badly. Messages name the path or setting.
@@ -45,6 +45,9 @@ pub enum NodeError {
     /// A driver failed.
     #[error("{0}")]
     Driver(String),
+    /// A TLS file or setting is unusable (the message names the flag and the path).
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
@@ -149,6 +152,8 @@ pub struct MillOptions {
     pub timing: Timing,
     /// Mill settings.
     pub tuning: MillTuning,
+    /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`); `None`: plain TCP.
+    pub tls: Option<crate::tls::MillTlsFiles>,
 }
 
 impl MillOptions {
@@ -226,6 +231,8 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
     opts.tuning.validate().map_err(NodeError::Config)?;
     check_fd_headroom(&opts.tuning);
+    // Bad certificate files stop the start before anything is opened or bound.
+    let tls = opts.tls.as_ref().map(|f| f.load()).transpose()?;
     if crate::http::constant_time_eq(opts.token.as_bytes(), opts.api_token.as_bytes()) {
         tracing::warn!("the executor and API credentials are the same: any executor host can cancel jobs and lift quarantines; give --api-token-file its own file");
     }
@@ -270,10 +277,10 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         .local_addr()
         .map_err(io("HTTP listener address"))?;
     for (what, addr) in [("executor", executor_addr), ("HTTP", http_addr)] {
-        if !is_loopback(&addr) {
+        if tls.is_none() && !is_loopback(&addr) {
             tracing::warn!(
                 %addr,
-                "!!! the {what} listener is on a non-loopback address WITHOUT TLS: the token and all traffic cross the network in clear text. Use a private network or a tunnel until TLS lands. !!!"
+                "!!! the {what} listener is on a non-loopback address WITHOUT TLS: the token and all traffic cross the network in clear text. Use --tls-cert/--tls-key, a private network or a tunnel. !!!"
             );
             eprintln!("WARNING: millrace {what} listener on {addr} has no TLS; traffic and the token are in clear text.");
         }
@@ -297,6 +304,8 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         exec_listener,
         handle.sender(),
         preauth.clone(),
+        tls.as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.executor.clone())),
         shutdown_rx.clone(),
     )));
     let api = Api {
@@ -318,9 +327,18 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         http_listener,
         app,
         limits,
+        tls.as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.http.clone())),
         shutdown_rx.clone(),
     )));
-    tracing::info!(http = %http_addr, executors = %executor_addr, data = %opts.data.display(), "mill listening");
+    tracing::info!(
+        http = %http_addr,
+        executors = %executor_addr,
+        data = %opts.data.display(),
+        tls = tls.is_some(),
+        mutual_tls = tls.as_ref().is_some_and(|t| t.mutual),
+        "mill listening"
+    );
     Ok(MillNode {
         http_addr,
         executor_addr,
@@ -377,12 +395,14 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Accepts executor connections. Each is first a pre-`Hello` connection, handled by its own
-/// task within the bounds of [`Preauth`]; only a connection whose `Hello` carries the
-/// executor token is announced to the mill driver (`Connected`, then the `Hello`).
+/// task within the bounds of [`Preauth`] (the TLS handshake, when `tls` is set, included);
+/// only a connection whose `Hello` carries the executor token (and, with mutual TLS, the node
+/// id its certificate names) is announced to the mill driver (`Connected`, then the `Hello`).
 async fn accept_loop(
     listener: TcpListener,
     tx: mpsc::Sender<MillCmd>,
     preauth: Arc<Preauth>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut failures = 0u64;
@@ -403,59 +423,94 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Nagle off from the first byte: the handshake is small messages too.
+        let _ = stream.set_nodelay(true);
         let tx = tx.clone();
         let preauth = preauth.clone();
-        tokio::spawn(async move {
-            let mut stream = stream;
-            let hello = match preauth.hello(&mut stream).await {
-                Ok(h) => h,
-                Err(rej) => {
-                    tracing::debug!(%peer, reason = rej.kind.name(), detail = %rej.detail, "executor connection closed before Hello");
-                    return;
-                }
-            };
-            let conn = ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed));
-            let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
-            if tx
-                .send(MillCmd::Connected { conn, tx: out_tx })
-                .await
-                .is_err()
-                || tx
-                    .send(MillCmd::Net(MillInput::Message { conn, msg: hello }))
-                    .await
-                    .is_err()
-            {
-                return;
+        match tls.clone() {
+            None => {
+                tokio::spawn(async move {
+                    let admitted = preauth.admit(async { Ok((stream, None)) }).await;
+                    session(admitted, peer, tx).await;
+                });
             }
-            tracing::debug!(%conn, %peer, "executor connection authenticated");
-            let deliver = tx.clone();
-            let ended = net::run(
-                stream,
-                out_rx,
-                |d: &mut FrameDecoder| d.next_to_mill(),
-                move |msg| {
-                    let tx = deliver.clone();
-                    async move {
-                        tx.send(MillCmd::Net(MillInput::Message { conn, msg }))
-                            .await
-                            .is_ok()
-                    }
-                },
-            )
-            .await;
-            match &ended {
-                net::Ended::Codec(e) => {
-                    tracing::warn!(%conn, %peer, error = %e, "bad frame from executor; connection closed")
-                }
-                other => {
-                    tracing::debug!(%conn, %peer, reason = %other, "executor connection ended")
-                }
+            Some(acceptor) => {
+                tokio::spawn(async move {
+                    let handshake = async {
+                        let s = acceptor.accept(stream).await.map_err(|e| Rejected {
+                            kind: Reject::Handshake,
+                            detail: format!("TLS handshake with {peer}: {e}"),
+                        })?;
+                        let cert = s
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .map(|c| c.clone().into_owned());
+                        Ok((s, cert))
+                    };
+                    let admitted = preauth.admit(handshake).await;
+                    session(admitted, peer, tx).await;
+                });
             }
-            let _ = tx
-                .send(MillCmd::Net(MillInput::Disconnected { conn }))
-                .await;
-        });
+        }
     }
+}
+
+/// Runs one admitted executor connection: announces it to the driver, frames it until it
+/// ends, then reports `Disconnected` once.
+async fn session<S: net::Transport>(
+    admitted: Result<(S, millrace_core::wire::ToMill), Rejected>,
+    peer: SocketAddr,
+    tx: mpsc::Sender<MillCmd>,
+) {
+    let (stream, hello) = match admitted {
+        Ok(x) => x,
+        Err(rej) => {
+            tracing::debug!(%peer, reason = rej.kind.name(), detail = %rej.detail, "executor connection closed before Hello");
+            return;
+        }
+    };
+    let conn = ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed));
+    let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+    if tx
+        .send(MillCmd::Connected { conn, tx: out_tx })
+        .await
+        .is_err()
+        || tx
+            .send(MillCmd::Net(MillInput::Message { conn, msg: hello }))
+            .await
+            .is_err()
+    {
+        return;
+    }
+    tracing::debug!(%conn, %peer, "executor connection authenticated");
+    let deliver = tx.clone();
+    let ended = net::run(
+        stream,
+        out_rx,
+        |d: &mut FrameDecoder| d.next_to_mill(),
+        move |msg| {
+            let tx = deliver.clone();
+            async move {
+                tx.send(MillCmd::Net(MillInput::Message { conn, msg }))
+                    .await
+                    .is_ok()
+            }
+        },
+    )
+    .await;
+    match &ended {
+        net::Ended::Codec(e) => {
+            tracing::warn!(%conn, %peer, error = %e, "bad frame from executor; connection closed")
+        }
+        other => {
+            tracing::debug!(%conn, %peer, reason = %other, "executor connection ended")
+        }
+    }
+    let _ = tx
+        .send(MillCmd::Net(MillInput::Disconnected { conn }))
+        .await;
 }
 
 /// Everything an executor needs.
@@ -477,6 +532,8 @@ pub struct ExecOptions {
     pub timing: Timing,
     /// Executor settings.
     pub tuning: ExecTuning,
+    /// TLS towards the mill (`--tls-ca`, `--tls-cert`/`--tls-key`, `--tls-server-name`).
+    pub tls: Option<crate::tls::ExecTlsFiles>,
 }
 
 /// Parses `shell` or `shell:N` (default seats: the CPU count).
@@ -519,6 +576,7 @@ pub fn start_executor(
     let node_id = NodeId::new(opts.node_id.clone())
         .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
     let (name, seats) = parse_engine(&opts.engine)?;
+    let tls = opts.tls.as_ref().map(|f| f.load(&opts.mill)).transpose()?;
     std::fs::create_dir_all(&opts.data)
         .map_err(io(format!("data directory {}", opts.data.display())))?;
     warn_if_dir_open(&opts.data);
@@ -528,7 +586,7 @@ pub fn start_executor(
         .parse::<SocketAddr>()
         .map(|a| a.ip().is_loopback())
         .unwrap_or_else(|_| opts.mill.starts_with("localhost:"));
-    if !loopback_mill {
+    if tls.is_none() && !loopback_mill {
         tracing::warn!(mill = %opts.mill, "!!! connecting to a non-loopback mill WITHOUT TLS: the token and all traffic cross the network in clear text. !!!");
         eprintln!("WARNING: millrace executor talks to {} without TLS; traffic and the token are in clear text.", opts.mill);
     }
@@ -600,6 +658,7 @@ pub fn start_executor(
             store,
             clock,
             mill: opts.mill.clone(),
+            tls: tls.clone(),
             engine,
             drain_timeout: opts.tuning.drain_timeout,
             runtime,
@@ -609,7 +668,16 @@ pub fn start_executor(
         shutdown_rx,
     )
     .map_err(io("executor driver thread"))?;
-    tracing::info!(node = %node_id, %epoch, mill = %opts.mill, seats, data = %opts.data.display(), "executor started");
+    tracing::info!(
+        node = %node_id,
+        %epoch,
+        mill = %opts.mill,
+        seats,
+        data = %opts.data.display(),
+        tls = tls.is_some(),
+        tls_server_name = tls.as_ref().map(|t| t.server_name.to_str().into_owned()),
+        "executor started"
+    );
     Ok(ExecNode { shutdown, driver })
 }
 

@@ -6,7 +6,9 @@
 //! - **frame size**: the first frame may announce at most [`PREAUTH_MAX_FRAME`] bytes (a
 //!   `Hello` at every wire bound fits in about 7 KiB), checked on the 4-byte prefix before
 //!   any body byte is buffered, and the body buffer is exactly the announced length;
-//! - **deadline**: the `Hello` must be in within `--hello-timeout` (default 5 s);
+//! - **deadline**: the TLS handshake (when TLS is on) and the `Hello` together must be in
+//!   within `--hello-timeout` (default 5 s), so a slow handshake holds a slot no longer than a
+//!   slow `Hello`;
 //! - **budget**: at most `--max-preauth-connections` (default 512) connections wait for their
 //!   `Hello` at once, counted apart from sessions (`--max-sessions`) so tokenless peers never
 //!   crowd executors out. When the budget is full the *oldest* waiting connection is closed
@@ -16,7 +18,9 @@
 //!   logged at most once per [`LOG_EVERY`] per reason, with how many were not logged.
 //!
 //! A `Hello` with a wrong token is answered with `Refused` here, so the executor still hears
-//! why; the mill's own check (M1) stays as a second line.
+//! why; the mill's own check (M1) stays as a second line. With mutual TLS, a `Hello` whose
+//! node id the client certificate does not name is refused here too (issue 11 item 4; the
+//! rule is in `tls`): the certificate binds the connection to one node id.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,9 +28,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use millrace_core::codec::{decode_to_mill, encode_into, CodecError, PREFIX_LEN};
+use std::future::Future;
+
 use millrace_core::wire::{ToExecutor, ToMill};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 /// Largest first frame a peer may announce before it has authenticated. A `Hello` at every
@@ -67,11 +73,15 @@ pub enum Reject {
     Token,
     /// The peer closed or the socket failed before the `Hello` was in.
     Closed,
+    /// The TLS handshake failed (wrong CA, no or bad client certificate, not TLS at all).
+    Handshake,
+    /// With mutual TLS: the `Hello`'s node id is not the one the client certificate names.
+    Identity,
 }
 
 impl Reject {
     /// Every reason, for metrics.
-    pub const ALL: [Reject; 8] = [
+    pub const ALL: [Reject; REASONS] = [
         Reject::Timeout,
         Reject::Evicted,
         Reject::TooLarge,
@@ -80,6 +90,8 @@ impl Reject {
         Reject::Version,
         Reject::Token,
         Reject::Closed,
+        Reject::Handshake,
+        Reject::Identity,
     ];
 
     /// The metric label.
@@ -93,6 +105,8 @@ impl Reject {
             Reject::Version => "version",
             Reject::Token => "token",
             Reject::Closed => "closed",
+            Reject::Handshake => "tls_handshake",
+            Reject::Identity => "identity",
         }
     }
 
@@ -106,9 +120,14 @@ impl Reject {
             Reject::Version => 5,
             Reject::Token => 6,
             Reject::Closed => 7,
+            Reject::Handshake => 8,
+            Reject::Identity => 9,
         }
     }
 }
+
+/// How many reasons there are.
+const REASONS: usize = 10;
 
 /// A connection turned away before `Hello`, with what to tell the log.
 #[derive(Debug)]
@@ -133,8 +152,8 @@ pub struct Preauth {
     config: PreauthConfig,
     waiting: Mutex<Waiting>,
     admitted: AtomicU64,
-    rejected: [AtomicU64; 8],
-    gates: Mutex<[Gate; 8]>,
+    rejected: [AtomicU64; REASONS],
+    gates: Mutex<[Gate; REASONS]>,
 }
 
 #[derive(Debug, Default)]
@@ -202,18 +221,30 @@ impl Preauth {
         self.waiting.lock().map(|w| w.slots.len()).unwrap_or(0)
     }
 
-    /// Reads and checks the first frame. `Ok` carries the `Hello` (token checked); an `Err`
-    /// has been counted and logged (rate-limited), and the connection should be dropped.
-    pub async fn hello(&self, stream: &mut TcpStream) -> Result<ToMill, Rejected> {
+    /// Runs the connection's first phase within the deadline and the budget: `handshake`
+    /// (TLS, or nothing for plain TCP) yields the stream and, with mutual TLS, the verified
+    /// client certificate; then the first frame is read and checked. `Ok` carries the stream
+    /// and the `Hello` (token and identity checked); an `Err` has been counted and logged
+    /// (rate-limited), and the connection should be dropped.
+    pub async fn admit<S, H>(&self, handshake: H) -> Result<(S, ToMill), Rejected>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+        H: Future<Output = Result<(S, Option<CertificateDer<'static>>), Rejected>>,
+    {
         let mut slot = self.slot();
-        let read = tokio::time::timeout(self.config.hello_timeout, read_first(stream));
+        let first = async {
+            let (mut stream, cert) = handshake.await?;
+            let msg = read_first(&mut stream).await;
+            Ok::<_, Rejected>((stream, cert, msg))
+        };
+        let read = tokio::time::timeout(self.config.hello_timeout, first);
         let r = tokio::select! {
             r = read => match r {
                 Ok(r) => r,
                 Err(_) => Err(Rejected {
                     kind: Reject::Timeout,
                     detail: format!(
-                        "no Hello within {:?} (--hello-timeout)",
+                        "no TLS handshake and Hello within {:?} (--hello-timeout)",
                         self.config.hello_timeout
                     ),
                 }),
@@ -227,41 +258,58 @@ impl Preauth {
             }),
         };
         drop(slot);
-        let r = r.and_then(|msg| self.check(msg));
-        match &r {
-            Ok(_) => {
+        let (mut stream, cert, msg) = match r {
+            Ok(x) => x,
+            Err(rej) => {
+                self.count(&rej);
+                return Err(rej);
+            }
+        };
+        match msg.and_then(|msg| self.check(msg, cert.as_ref())) {
+            Ok(hello) => {
                 self.admitted.fetch_add(1, Ordering::Relaxed);
+                Ok((stream, hello))
             }
             Err(rej) => {
-                if rej.kind == Reject::Token || rej.kind == Reject::Version {
+                if matches!(rej.kind, Reject::Token | Reject::Version | Reject::Identity) {
                     // Tell the peer why, bounded in time (it may not read).
                     let mut frame = Vec::new();
                     let msg = ToExecutor::Refused {
                         reason: rej.detail.clone(),
                     };
                     if encode_into(&msg, &mut frame).is_ok() {
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(1), stream.write_all(&frame))
-                                .await;
+                        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                            stream.write_all(&frame).await?;
+                            stream.flush().await?;
+                            stream.shutdown().await
+                        })
+                        .await;
                     }
                 }
-                self.count(rej);
+                self.count(&rej);
+                Err(rej)
             }
         }
-        r
     }
 
-    fn check(&self, msg: ToMill) -> Result<ToMill, Rejected> {
+    /// The token rule, then (mutual TLS: `cert` is the verified client certificate) the
+    /// identity rule.
+    fn check(&self, msg: ToMill, cert: Option<&CertificateDer<'_>>) -> Result<ToMill, Rejected> {
         match &msg {
             ToMill::Hello { node_id, token, .. } => {
-                if crate::http::constant_time_eq(token.as_bytes(), self.config.token.as_bytes()) {
-                    Ok(msg)
-                } else {
-                    let node: String = node_id.chars().take(128).collect();
-                    Err(Rejected {
+                let node: String = node_id.chars().take(128).collect();
+                if !crate::http::constant_time_eq(token.as_bytes(), self.config.token.as_bytes()) {
+                    return Err(Rejected {
                         kind: Reject::Token,
                         detail: format!("node {node:?}: token not accepted"),
-                    })
+                    });
+                }
+                match cert.map(|c| crate::tls::cert_names_node(c, node_id)) {
+                    None | Some(Ok(())) => Ok(msg),
+                    Some(Err(why)) => Err(Rejected {
+                        kind: Reject::Identity,
+                        detail: why,
+                    }),
                 }
             }
             ToMill::Snapshot { .. }
@@ -334,7 +382,7 @@ impl Preauth {
 
 /// Reads exactly one frame (prefix checked against [`PREAUTH_MAX_FRAME`] first) and decodes
 /// it; nothing past it is read, so the session's reader starts at the next frame.
-async fn read_first(stream: &mut TcpStream) -> Result<ToMill, Rejected> {
+async fn read_first<S: AsyncRead + Unpin>(stream: &mut S) -> Result<ToMill, Rejected> {
     let closed = |e: std::io::Error| Rejected {
         kind: Reject::Closed,
         detail: format!("before Hello: {e}"),
@@ -392,6 +440,39 @@ mod tests {
         drop(a);
         drop(c);
         assert_eq!(p.waiting(), 0);
+    }
+
+    fn hello(node: &str, token: &str) -> ToMill {
+        ToMill::Hello {
+            protocol_version: millrace_core::wire::PROTOCOL_VERSION,
+            node_id: node.into(),
+            epoch: millrace_core::Epoch(1),
+            token: token.into(),
+            labels: Vec::new(),
+            engines: Vec::new(),
+        }
+    }
+
+    /// Issue 11 item 4: with mutual TLS the token is not enough; the certificate must name
+    /// the Hello's node id. Without a certificate (no mTLS) only the token counts.
+    #[test]
+    fn mtls_hello_for_another_node_than_the_certificate_is_refused() {
+        let p = preauth(2);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["exec-a".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .der()
+            .clone();
+        assert!(p.check(hello("exec-a", "t"), Some(&cert)).is_ok());
+        let rej = p.check(hello("exec-b", "t"), Some(&cert)).unwrap_err();
+        assert_eq!(rej.kind, Reject::Identity);
+        assert!(rej.detail.contains("exec-b"), "{}", rej.detail);
+        // The token is checked first: a wrong token is a token rejection either way.
+        let rej = p.check(hello("exec-a", "wrong"), Some(&cert)).unwrap_err();
+        assert_eq!(rej.kind, Reject::Token);
+        assert!(p.check(hello("exec-b", "t"), None).is_ok());
     }
 
     #[test]

@@ -153,9 +153,32 @@ pub struct Api {
 
 impl Api {
     pub fn new(base: &str, token: &str) -> Api {
+        Api::with_tls(base, token, ureq::tls::TlsConfig::default())
+    }
+
+    /// A client of an https API whose certificate `ca` (PEM) signed.
+    pub fn with_ca(base: &str, token: &str, ca: &Path) -> Api {
+        let pem = std::fs::read(ca).unwrap();
+        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item.unwrap() {
+                ureq::tls::PemItem::Certificate(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+            .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .build();
+        Api::with_tls(base, token, tls)
+    }
+
+    fn with_tls(base: &str, token: &str, tls: ureq::tls::TlsConfig) -> Api {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(10)))
+            .tls_config(tls)
             .build()
             .into();
         Api {
