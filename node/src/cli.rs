@@ -268,6 +268,10 @@ pub struct ExecTuning {
     /// Kill a job that runs longer than this on this executor, whatever the mill says (off by default).
     #[arg(long, env = "MILLRACE_JOB_HARD_CAP", value_parser = dur, help_heading = "Advanced")]
     pub job_hard_cap: Option<Duration>,
+    /// Run jobs as this unprivileged user (needs the executor to run as root): jobs then
+    /// cannot read the executor's data directory, its credential or its processes.
+    #[arg(long, env = "MILLRACE_RUN_AS")]
+    pub run_as: Option<String>,
 }
 
 /// `millrace mill`.

@@ -67,6 +67,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                     stop_grace: Duration::from_secs(10),
                     drain_timeout: Duration::from_secs(30),
                     job_hard_cap: None,
+                    run_as: None,
                 },
                 tls: None,
             },

@@ -618,6 +618,19 @@ pub fn start_executor(
             .unwrap_or(usize::MAX)
             .saturating_mul(2),
     );
+    let run_as = match &opts.tuning.run_as {
+        Some(user) => Some(crate::supervisor::RunAs::resolve(user).map_err(NodeError::Config)?),
+        None => None,
+    };
+    match &run_as {
+        Some(r) => {
+            tracing::info!(node = %node_id, user = %r.user, uid = r.uid, gid = r.gid, "jobs run as an unprivileged user (--run-as)");
+        }
+        None if nix::unistd::geteuid().is_root() => {
+            tracing::warn!(node = %node_id, "the executor runs as root and so do its jobs: a job can read the executor's credential and store; use --run-as USER");
+        }
+        None => {}
+    }
     let epoch = snapshot.epoch;
     let last_contact = snapshot.last_contact;
     let executor = Executor::try_new(config, snapshot, clock.now())
@@ -641,6 +654,7 @@ pub fn start_executor(
             reconnect_grace: timers.reconnect_grace,
             stop_grace: opts.tuning.stop_grace,
             hard_cap: opts.tuning.job_hard_cap,
+            run_as,
         },
         tx.clone(),
         runtime.clone(),

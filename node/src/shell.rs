@@ -48,6 +48,8 @@ pub struct EngineSettings {
     /// A job running longer is stopped (Timeout); the mill's timeout (M18) normally ends it
     /// first through a cancel.
     pub hard_cap: Option<Duration>,
+    /// The user jobs run as (`--run-as`).
+    pub run_as: Option<supervisor::RunAs>,
 }
 
 /// Runs shell jobs for one executor, through their supervisors. Owned by the executor driver.
@@ -133,6 +135,7 @@ impl ShellEngine {
             reconnect_grace_ms: millis(s.reconnect_grace),
             stop_grace_ms: millis(s.stop_grace),
             hard_cap_ms: s.hard_cap.map(millis),
+            run_as: s.run_as.clone(),
         };
         // Launched here, in the driver's step that acted on `StartJob`, so that a graceful
         // shutdown right after it leaves a supervisor for the next process to adopt.
@@ -764,6 +767,7 @@ mod tests {
             reconnect_grace: Duration::from_secs(45),
             stop_grace: Duration::from_secs(10),
             hard_cap: None,
+            run_as: None,
         }
     }
 

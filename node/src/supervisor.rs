@@ -93,7 +93,59 @@ pub struct Launch {
     pub stop_grace_ms: u64,
     /// A job running longer is stopped (Timeout).
     pub hard_cap_ms: Option<u64>,
+    /// The user the job runs as (`--run-as`); `None`: the supervisor's own.
+    #[serde(default)]
+    pub run_as: Option<RunAs>,
 }
+
+/// An unprivileged user jobs run as (`--run-as`), resolved once at the executor's start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunAs {
+    /// The user's name.
+    pub user: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid.
+    pub gid: u32,
+    /// Its home directory (the job's `HOME`).
+    pub home: PathBuf,
+}
+
+impl RunAs {
+    /// Resolves `user` for `--run-as`: the executor must run as root (only root can switch
+    /// users), the user must exist, and `setpriv` (util-linux) must be installed.
+    pub fn resolve(user: &str) -> Result<RunAs, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(format!(
+                "--run-as {user:?}: the executor must run as root to run jobs as another user (it runs as uid {})",
+                nix::unistd::geteuid()
+            ));
+        }
+        let found = nix::unistd::User::from_name(user)
+            .map_err(|e| format!("--run-as {user:?}: looking the user up: {e}"))?
+            .ok_or_else(|| format!("--run-as {user:?}: no such user"))?;
+        let probe = std::process::Command::new(SETPRIV)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !probe.is_ok_and(|s| s.success()) {
+            return Err(format!(
+                "--run-as {user:?}: `{SETPRIV}` (util-linux) is needed to switch users and could not be run"
+            ));
+        }
+        Ok(RunAs {
+            user: found.name,
+            uid: found.uid.as_raw(),
+            gid: found.gid.as_raw(),
+            home: found.dir,
+        })
+    }
+}
+
+/// The program that drops a job's privileges: it sets the real and effective uid and gid and
+/// the user's supplementary groups (initgroups) before it executes the job's shell.
+const SETPRIV: &str = "setpriv";
 
 /// Executor → supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -845,7 +897,26 @@ fn spawn_job(launch: &Launch, tx: mpsc::Sender<Ev>) -> Result<(Pid, Option<PathB
     let (read_end, write_end) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
     let cgroup = cgroup::enter(launch.epoch, launch.lease);
     let child = {
-        let mut cmd = std::process::Command::new("sh");
+        let mut cmd = match &launch.run_as {
+            None => std::process::Command::new("sh"),
+            Some(r) => {
+                // The working directory is the job's; everything above it stays the
+                // executor's (0700), so `..` leads nowhere.
+                std::os::unix::fs::chown(&launch.workdir, Some(r.uid), Some(r.gid)).map_err(
+                    |e| format!("chown {} to {}: {e}", launch.workdir.display(), r.user),
+                )?;
+                let mut cmd = std::process::Command::new(SETPRIV);
+                cmd.arg(format!("--reuid={}", r.uid))
+                    .arg(format!("--regid={}", r.gid))
+                    .arg("--init-groups")
+                    .arg("--")
+                    .arg("sh");
+                cmd.env("HOME", &r.home)
+                    .env("USER", &r.user)
+                    .env("LOGNAME", &r.user);
+                cmd
+            }
+        };
         cmd.arg("-c")
             .arg(std::ffi::OsStr::from_bytes(&launch.payload))
             .current_dir(&launch.workdir)
@@ -1120,6 +1191,7 @@ mod tests {
             reconnect_grace_ms,
             stop_grace_ms: 1_000,
             hard_cap_ms: None,
+            run_as: None,
         };
         Supervisor {
             launch,

@@ -634,3 +634,69 @@ fn queue_timeout_ends_a_job_nobody_takes_saying_why() {
         "placed in time, it runs past the queue timeout: {done}"
     );
 }
+
+/// Issue 11 item 3: `--run-as nobody` runs jobs as that unprivileged user — its uid and
+/// groups, not root's — so a job cannot read the executor's credential (even knowing the
+/// path), the mill's, or its supervisor's environment, yet it can write in its working
+/// directory. Without root the flag is refused, naming the flag and why.
+#[test]
+fn run_as_runs_jobs_as_an_unprivileged_user() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), &[]);
+    let token = mill.data.join("token");
+    let extra = strings(&["--run-as", "nobody"]);
+    let mut x = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "jailed",
+        1,
+        &token,
+        &extra,
+    );
+    if !nix::unistd::geteuid().is_root() {
+        let status = x.term();
+        assert!(!status.success());
+        let logs = x.logs();
+        assert!(
+            logs.contains("--run-as \"nobody\": the executor must run as root"),
+            "{logs}"
+        );
+        return;
+    }
+    wait_for("the executor", || mill.api.ready("jailed").then_some(()));
+    let cmd = format!(
+        "echo uid=$(id -u) groups=$(id -G); \
+         cat {token} >/dev/null 2>&1 && echo token=read || echo token=denied; \
+         cat /proc/$PPID/environ >/dev/null 2>&1 && echo environ=read || echo environ=denied; \
+         ls .. >/dev/null 2>&1 && echo parent=listed || echo parent=denied; \
+         echo hi > mine && echo workdir=written",
+        token = token.display()
+    );
+    let id = mill.api.submit(&serde_json::json!({ "command": cmd }));
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "success", "{v}");
+    let (_, log) = mill.api.get_raw(&format!("/v1/jobs/{id}/log"), true);
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    assert!(log.contains(&format!("uid={}", nobody.uid)), "{log}");
+    let groups = log
+        .lines()
+        .find_map(|l| l.split_once("groups=").map(|(_, g)| g.to_string()))
+        .unwrap_or_default();
+    assert!(
+        !groups.split_whitespace().any(|g| g == "0"),
+        "root's group went along: {log}"
+    );
+    for expected in [
+        "token=denied",
+        "environ=denied",
+        "parent=denied",
+        "workdir=written",
+    ] {
+        assert!(log.contains(expected), "{expected}: {log}");
+    }
+    assert!(
+        x.logs().contains("jobs run as an unprivileged user"),
+        "{}",
+        x.logs()
+    );
+}
