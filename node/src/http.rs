@@ -123,12 +123,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     limits: HttpLimits,
+    fds: Arc<crate::net::FdBudget>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut failures = 0u64;
+    let mut refused_for_fds = 0u64;
     // Failed handshakes, logged at powers of two with the count: a scanner must not flood
     // the log.
     let handshake_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -153,6 +155,15 @@ pub async fn serve(
                 continue;
             }
         };
+        let Some(fd) = fds.take() else {
+            drop(stream);
+            refused_for_fds += 1;
+            if refused_for_fds.is_power_of_two() {
+                tracing::warn!(%peer, refused = refused_for_fds, connections = fds.max(), "HTTP connection closed at once: accepted connections hold every descriptor but those kept for the store and logs");
+            }
+            continue;
+        };
+        let permit = (permit, fd);
         // Small answers must not wait for Nagle and a delayed ACK.
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());

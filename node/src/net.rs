@@ -16,6 +16,55 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+/// Descriptors this process may spend on accepted connections, both listeners together:
+/// the soft `RLIMIT_NOFILE` less a reserve kept for the store, job logs and the runtime. A
+/// connection beyond it is closed as soon as it is accepted, so a flood ends in refused
+/// connections, never in a store that cannot open its files (EMFILE).
+#[derive(Debug)]
+pub struct FdBudget {
+    live: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+/// One accepted connection's share of an [`FdBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct FdGuard(std::sync::Arc<FdBudget>);
+
+impl FdBudget {
+    /// A budget of `limit - reserve` connections (at least 1).
+    pub fn new(limit: u64, reserve: u64) -> std::sync::Arc<FdBudget> {
+        let max = usize::try_from(limit.saturating_sub(reserve).max(1)).unwrap_or(usize::MAX);
+        std::sync::Arc::new(FdBudget {
+            live: std::sync::atomic::AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// A slot for one more connection, or `None` when the budget is spent.
+    pub fn take(self: &std::sync::Arc<Self>) -> Option<FdGuard> {
+        use std::sync::atomic::Ordering;
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| FdGuard(self.clone()))
+    }
+
+    /// The most connections at once.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+impl Drop for FdGuard {
+    fn drop(&mut self) {
+        self.0
+            .live
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Messages queued towards one connection, at most. A peer that falls this far behind is
 /// disconnected rather than buffered without bound.
 pub const OUT_QUEUE: usize = 8192;
@@ -218,5 +267,22 @@ async fn write_loop<W: AsyncWrite + Unpin, Out: Serialize>(
             let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
             return Ended::Closed(reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FdBudget;
+
+    #[test]
+    fn an_fd_budget_refuses_beyond_its_size_and_takes_back_dropped_slots() {
+        let budget = FdBudget::new(130, 128);
+        assert_eq!(budget.max(), 2);
+        let a = budget.take().expect("first");
+        let _b = budget.take().expect("second");
+        assert!(budget.take().is_none(), "spent");
+        drop(a);
+        assert!(budget.take().is_some(), "a dropped slot is free again");
+        assert_eq!(FdBudget::new(10, 128).max(), 1, "at least one");
     }
 }

@@ -180,31 +180,44 @@ impl MillOptions {
 /// Descriptors kept aside for the store, job logs and the runtime.
 const FD_RESERVE: u64 = 128;
 
-/// Warns when the connection caps together could use up the descriptor limit: then `accept`
-/// fails (it backs off and retries) and, worse, the store may fail to open its files.
-fn check_fd_headroom(t: &MillTuning) {
-    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    else {
-        return;
-    };
+/// Fits the connection caps into the descriptor limit: when `--max-sessions` +
+/// `--max-preauth-connections` + `--http-max-connections` + [`FD_RESERVE`] exceed the soft
+/// `RLIMIT_NOFILE` (already raised to the hard limit), the pre-`Hello` and HTTP caps are cut
+/// to an eighth of the budget each (at least 16) and sessions get the rest, with a warning
+/// naming every value. Then a flood is evicted (pre-`Hello`) or waits in the backlog (HTTP)
+/// instead of taking the descriptors the store, the logs and an honest executor need.
+fn fit_caps_to_fds(t: &mut MillTuning, soft: u64) {
+    let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     let want = [
         t.max_sessions,
         t.max_preauth_connections,
         t.http_max_connections,
     ]
     .iter()
-    .map(|n| u64::try_from(*n).unwrap_or(u64::MAX))
+    .map(|n| as_u64(*n))
     .fold(FD_RESERVE, u64::saturating_add);
-    if want > soft {
-        tracing::warn!(
-            limit = soft,
-            max_sessions = t.max_sessions,
-            max_preauth_connections = t.max_preauth_connections,
-            http_max_connections = t.http_max_connections,
-            reserve = FD_RESERVE,
-            "the descriptor limit (ulimit -n) is below --max-sessions + --max-preauth-connections + --http-max-connections + {FD_RESERVE}: raise it or lower the caps"
-        );
+    if want <= soft {
+        return;
     }
+    let budget = usize::try_from(soft.saturating_sub(FD_RESERVE).max(48)).unwrap_or(usize::MAX);
+    let side = (budget / 8).max(16);
+    let preauth = t.max_preauth_connections.min(side);
+    let http = t.http_max_connections.min(side);
+    let sessions = t
+        .max_sessions
+        .min(budget.saturating_sub(preauth + http).max(1));
+    tracing::warn!(
+        limit = soft,
+        reserve = FD_RESERVE,
+        max_sessions = sessions,
+        max_preauth_connections = preauth,
+        http_max_connections = http,
+        "the descriptor limit (ulimit -n {soft}) is below --max-sessions {} + --max-preauth-connections {} + --http-max-connections {} + {FD_RESERVE} kept for the store and logs: running with the caps cut to {sessions}, {preauth} and {http}; raise the limit to lift them",
+        t.max_sessions, t.max_preauth_connections, t.http_max_connections
+    );
+    t.max_sessions = sessions;
+    t.max_preauth_connections = preauth;
+    t.http_max_connections = http;
 }
 
 /// A running mill.
@@ -228,9 +241,11 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 }
 
 /// Opens the store, restores the mill (M29), binds both listeners and starts serving.
-pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
+pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
     opts.tuning.validate().map_err(NodeError::Config)?;
-    check_fd_headroom(&opts.tuning);
+    let fd_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    fit_caps_to_fds(&mut opts.tuning, fd_limit);
     // Bad certificate files stop the start before anything is opened or bound.
     let tls = opts.tls.as_ref().map(|f| f.load()).transpose()?;
     if crate::http::constant_time_eq(opts.token.as_bytes(), opts.api_token.as_bytes()) {
@@ -295,6 +310,13 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         .map_err(io(format!("address file {}", addr_file.display())))?;
 
     let mut tasks = Vec::new();
+    let fds = net::FdBudget::new(fd_limit, FD_RESERVE);
+    tracing::info!(
+        fd_limit,
+        reserve = FD_RESERVE,
+        connections = fds.max(),
+        "descriptor budget for accepted connections"
+    );
     let preauth = Arc::new(Preauth::new(PreauthConfig {
         hello_timeout: opts.tuning.hello_timeout,
         max_connections: opts.tuning.max_preauth_connections,
@@ -304,6 +326,7 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         exec_listener,
         handle.sender(),
         preauth.clone(),
+        fds.clone(),
         tls.as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(t.executor.clone())),
         shutdown_rx.clone(),
@@ -327,6 +350,7 @@ pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, Nod
         http_listener,
         app,
         limits,
+        fds,
         tls.as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(t.http.clone())),
         shutdown_rx.clone(),
@@ -402,6 +426,7 @@ async fn accept_loop(
     listener: TcpListener,
     tx: mpsc::Sender<MillCmd>,
     preauth: Arc<Preauth>,
+    fds: Arc<net::FdBudget>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -423,6 +448,14 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Some(fd) = fds.take() else {
+            drop(stream);
+            preauth.refused_for_fds(format!(
+                "{peer}: {} connections hold every descriptor but the {FD_RESERVE} kept for the store and logs",
+                fds.max()
+            ));
+            continue;
+        };
         // Nagle off from the first byte: the handshake is small messages too.
         let _ = stream.set_nodelay(true);
         let tx = tx.clone();
@@ -430,12 +463,14 @@ async fn accept_loop(
         match tls.clone() {
             None => {
                 tokio::spawn(async move {
+                    let _fd = fd;
                     let admitted = preauth.admit(async { Ok((stream, None)) }).await;
                     session(admitted, peer, tx).await;
                 });
             }
             Some(acceptor) => {
                 tokio::spawn(async move {
+                    let _fd = fd;
                     let handshake = async {
                         let s = acceptor.accept(stream).await.map_err(|e| Rejected {
                             kind: Reject::Handshake,

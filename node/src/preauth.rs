@@ -77,6 +77,9 @@ pub enum Reject {
     Handshake,
     /// With mutual TLS: the `Hello`'s node id is not the one the client certificate names.
     Identity,
+    /// Accepting it would have eaten into the descriptors kept for the store and the logs
+    /// ([`crate::net::FdBudget`]).
+    FdReserve,
 }
 
 impl Reject {
@@ -92,6 +95,7 @@ impl Reject {
         Reject::Closed,
         Reject::Handshake,
         Reject::Identity,
+        Reject::FdReserve,
     ];
 
     /// The metric label.
@@ -107,6 +111,7 @@ impl Reject {
             Reject::Closed => "closed",
             Reject::Handshake => "tls_handshake",
             Reject::Identity => "identity",
+            Reject::FdReserve => "fd_reserve",
         }
     }
 
@@ -122,12 +127,13 @@ impl Reject {
             Reject::Closed => 7,
             Reject::Handshake => 8,
             Reject::Identity => 9,
+            Reject::FdReserve => 10,
         }
     }
 }
 
 /// How many reasons there are.
-const REASONS: usize = 10;
+const REASONS: usize = 11;
 
 /// A connection turned away before `Hello`, with what to tell the log.
 #[derive(Debug)]
@@ -322,6 +328,14 @@ impl Preauth {
                 detail: "the first message was not a Hello".into(),
             }),
         }
+    }
+
+    /// A connection closed at once because the descriptor budget was spent.
+    pub fn refused_for_fds(&self, detail: String) {
+        self.count(&Rejected {
+            kind: Reject::FdReserve,
+            detail,
+        });
     }
 
     fn count(&self, rej: &Rejected) {

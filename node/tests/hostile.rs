@@ -700,3 +700,79 @@ fn run_as_runs_jobs_as_an_unprivileged_user() {
         x.logs()
     );
 }
+
+/// The mill's open descriptors, from /proc.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Issue 11 item 2: under a low descriptor limit (`ulimit -n 300`, hard too) with the
+/// default caps (which add up to far more), the mill cuts its caps to fit and says so; a
+/// flood of 2,000 idle executor-port connections, held open, never takes the descriptors
+/// the store and the logs need: an honest executor still connects (the pre-Hello budget
+/// evicts the oldest) and a job still runs, writes its log and is stored. Before, `accept`
+/// failed with EMFILE and the API stopped answering.
+#[test]
+fn a_low_descriptor_limit_cuts_the_caps_and_a_flood_cannot_starve_the_store() {
+    let root = tempfile::tempdir().unwrap();
+    let mut args = strings(&["--hello-timeout", "30s"]);
+    args.extend(timing("5s", "2s"));
+    let mill = common::start_mill_under(
+        &["prlimit", "--nofile=300:300"],
+        root.path(),
+        "127.0.0.1:0",
+        &args,
+        "info",
+        0,
+    );
+    let pid = mill.proc.pid();
+    wait_for("the caps to be cut", || {
+        mill.proc
+            .logs()
+            .contains("running with the caps cut to")
+            .then_some(())
+    });
+    let mut flood = Vec::new();
+    let mut peak = 0;
+    for i in 0..2_000u64 {
+        if let Some(s) = hostile(&mill.addrs.executor, i * 4) {
+            flood.push(s);
+        }
+        if i % 100 == 0 {
+            peak = peak.max(open_fds(pid));
+        }
+    }
+    let token_file = mill.data.join("token");
+    let _exec = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "honest",
+        1,
+        &token_file,
+        &timing("5s", "2s"),
+    );
+    wait_for("the honest executor's session", || {
+        mill.api.ready("honest").then_some(())
+    });
+    let id = mill
+        .api
+        .submit(&serde_json::json!({"command": "echo stored"}));
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "success", "{v}");
+    let (_, log) = mill.api.get_raw(&format!("/v1/jobs/{id}/log"), true);
+    assert!(log.contains("stored"), "{log}");
+    peak = peak.max(open_fds(pid));
+    assert!(peak < 300, "the mill held {peak} descriptors of 300");
+    let (_, metrics) = mill.api.get_raw("/metrics", true);
+    let evicted = metrics
+        .lines()
+        .find(|l| l.starts_with("millrace_preauth_rejected_total{reason=\"evicted\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        evicted > 1_000,
+        "the flood was evicted, not admitted: {evicted}"
+    );
+    drop(flood);
+}

@@ -24,8 +24,22 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(args: &[String], log: PathBuf, rust_log: &str) -> Proc {
+        Proc::spawn_under(&[], args, log, rust_log)
+    }
+
+    /// [`Proc::spawn`] through a wrapper that executes the binary in its own process (such
+    /// as `prlimit --nofile=N:N`), so the pid is still the binary's.
+    pub fn spawn_under(wrapper: &[&str], args: &[String], log: PathBuf, rust_log: &str) -> Proc {
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(BIN),
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+        };
+        let child = cmd
             .args(args)
             .env("RUST_LOG", rust_log)
             .env_remove("MILLRACE_TOKEN")
@@ -301,6 +315,18 @@ pub fn start_mill(
     rust_log: &str,
     n: usize,
 ) -> Mill {
+    start_mill_under(&[], root, executor_listen, extra, rust_log, n)
+}
+
+/// [`start_mill`] through a wrapper ([`Proc::spawn_under`]).
+pub fn start_mill_under(
+    wrapper: &[&str],
+    root: &Path,
+    executor_listen: &str,
+    extra: &[String],
+    rust_log: &str,
+    n: usize,
+) -> Mill {
     let data = root.join("mill");
     let mut args = strings(&[
         "mill",
@@ -312,7 +338,7 @@ pub fn start_mill(
         "127.0.0.1:0",
     ]);
     args.extend_from_slice(extra);
-    let proc = Proc::spawn(&args, root.join(format!("mill-{n}.log")), rust_log);
+    let proc = Proc::spawn_under(wrapper, &args, root.join(format!("mill-{n}.log")), rust_log);
     let addrs = addrs(&data, proc.pid());
     let api = Api::new(&addrs.http, &api_token(&data));
     Mill {
