@@ -78,6 +78,8 @@ pub struct MillMetrics {
     pub live_log_dropped: u64,
     /// Messages dropped because a connection's queue was full (the connection is closed).
     pub send_overflows: u64,
+    /// Cursors of old epochs forgotten (M23).
+    pub cursors_forgotten: u64,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
 }
 
@@ -98,6 +100,13 @@ impl MillMetrics {
             .insert((node.clone(), epoch), seqno)
             .unwrap_or_default();
         self.events_applied += seqno.get().saturating_sub(old.get());
+    }
+
+    /// A cursor the mill forgot (an old epoch of a node, M23): the mirror drops it too, so
+    /// it stays as bounded as the mill's.
+    pub fn cursor_forgotten(&mut self, node: &NodeId, epoch: Epoch) {
+        self.cursors.remove(&(node.clone(), epoch));
+        self.cursors_forgotten += 1;
     }
 
     /// A job update the driver acted on.
@@ -274,6 +283,16 @@ impl MillMetrics {
             "Connections closed because their send queue was full.",
         );
         let _ = writeln!(out, "millrace_send_overflows_total {}", self.send_overflows);
+        counter(
+            &mut out,
+            "millrace_cursors_forgotten_total",
+            "Event cursors of old executor epochs forgotten (M23).",
+        );
+        let _ = writeln!(
+            out,
+            "millrace_cursors_forgotten_total {}",
+            self.cursors_forgotten
+        );
         out
     }
 }

@@ -530,8 +530,23 @@ impl Driver {
                 .saturating_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
             for b in &batches {
                 for w in &b.writes {
-                    if let MillWrite::Cursor { node, epoch, seqno } = w {
-                        self.metrics.cursor(node, *epoch, *seqno);
+                    match w {
+                        MillWrite::Cursor { node, epoch, seqno } => {
+                            self.metrics.cursor(node, *epoch, *seqno);
+                        }
+                        MillWrite::CursorDelete { node, epoch } => {
+                            tracing::info!(%node, %epoch, "forgot the cursor of an old epoch");
+                            self.metrics.cursor_forgotten(node, *epoch);
+                        }
+                        MillWrite::Counters { .. }
+                        | MillWrite::JobInsert { .. }
+                        | MillWrite::JobState { .. }
+                        | MillWrite::LeaseUpsert(_)
+                        | MillWrite::LeaseCancel { .. }
+                        | MillWrite::LeaseDelete { .. }
+                        | MillWrite::QuotaHold { .. }
+                        | MillWrite::QuotaRelease { .. }
+                        | MillWrite::Quarantine { .. } => {}
                     }
                 }
             }

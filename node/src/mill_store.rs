@@ -412,6 +412,10 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                 ])
             })?;
         }
+        MillWrite::CursorDelete { node, epoch } => {
+            tx.prepare_cached("DELETE FROM cursors WHERE node = ?1 AND epoch = ?2")
+                .and_then(|mut st| st.execute(params![node.as_str(), to_i64(epoch.get())]))?;
+        }
         MillWrite::QuotaHold {
             job,
             identity,
