@@ -80,6 +80,15 @@ pub struct MillMetrics {
     pub send_overflows: u64,
     /// Cursors of old epochs forgotten (M23).
     pub cursors_forgotten: u64,
+    /// Retention batches run (one transaction each).
+    pub retention_batches: u64,
+    /// Finished jobs deleted by retention.
+    pub retention_jobs: u64,
+    /// Status-history rows deleted by retention.
+    pub retention_history_rows: u64,
+    /// Job log files (logs and their completion markers) deleted by retention, as the log
+    /// writer last reported.
+    pub retention_log_files: u64,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
 }
 
@@ -283,6 +292,31 @@ impl MillMetrics {
             "Connections closed because their send queue was full.",
         );
         let _ = writeln!(out, "millrace_send_overflows_total {}", self.send_overflows);
+        counter(
+            &mut out,
+            "millrace_retention_deleted_total",
+            "Rows and files deleted by retention (--retention, --retention-count), by what.",
+        );
+        for (what, n) in [
+            ("jobs", self.retention_jobs),
+            ("history_rows", self.retention_history_rows),
+            ("log_files", self.retention_log_files),
+        ] {
+            let _ = writeln!(
+                out,
+                "millrace_retention_deleted_total{{what=\"{what}\"}} {n}"
+            );
+        }
+        counter(
+            &mut out,
+            "millrace_retention_batches_total",
+            "Retention batches run (one bounded transaction each).",
+        );
+        let _ = writeln!(
+            out,
+            "millrace_retention_batches_total {}",
+            self.retention_batches
+        );
         counter(
             &mut out,
             "millrace_cursors_forgotten_total",
