@@ -185,6 +185,15 @@ pub struct MillTuning {
     /// The longest timeout a job may ask for (`timeout_secs`); longer ones get 400.
     #[arg(long, env = "MILLRACE_MAX_JOB_TIMEOUT", default_value = "168h", value_parser = dur, help_heading = "Advanced")]
     pub max_job_timeout: Duration,
+    /// Finished jobs older than this (since they ended) are deleted with their status
+    /// history and log, a small batch at a time: e.g. 30d, 12h, 90s. Unfinished jobs are
+    /// never deleted.
+    #[arg(long, env = "MILLRACE_RETENTION", default_value = "30d", value_parser = dur)]
+    pub retention: Duration,
+    /// Also keep at most this many finished jobs: the longest finished go first. Unset: no
+    /// limit by count, only by age (--retention).
+    #[arg(long, env = "MILLRACE_RETENTION_COUNT")]
+    pub retention_count: Option<u64>,
 }
 
 impl MillTuning {
@@ -217,6 +226,18 @@ impl MillTuning {
                 self.job_timeout, self.max_job_timeout
             ));
         }
+        if self.retention < Duration::from_secs(1) {
+            return Err(format!(
+                "--retention {}ms: must be at least 1s",
+                self.retention.as_millis()
+            ));
+        }
+        if self.retention_count == Some(0) {
+            return Err(
+                "--retention-count 0: must be at least 1 (leave it unset for no limit by count)"
+                    .to_string(),
+            );
+        }
         if self.http_max_connections == 0 {
             return Err(format!(
                 "--http-max-connections {}: must be at least 1",
@@ -246,6 +267,8 @@ impl Default for MillTuning {
             http_body_timeout: Duration::from_secs(30),
             http_max_connections: 1024,
             max_job_timeout: Duration::from_secs(7 * 86_400),
+            retention: Duration::from_secs(30 * 86_400),
+            retention_count: None,
         }
     }
 }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_core::JobId;
@@ -36,6 +38,13 @@ pub enum LogMsg {
         /// The job.
         job: JobId,
     },
+    /// Retention deleted these finished jobs from the store: delete their log files and
+    /// markers. Queued behind every `Append` and `Done` of theirs, so a late `Done` cannot
+    /// bring a file back.
+    Forget {
+        /// The jobs.
+        jobs: Vec<JobId>,
+    },
 }
 
 /// The path of a job's log under the mill's data directory.
@@ -48,10 +57,27 @@ pub fn done_marker(data: &Path, job: JobId) -> PathBuf {
     data.join("logs").join(format!("{}.done", job.get()))
 }
 
-/// Starts the writer thread; it ends when every sender is dropped.
+/// Deletes a finished job's log and marker; how many files were there.
+fn forget(data: &Path, job: JobId) -> u64 {
+    let mut removed = 0;
+    for path in [job_log_path(data, job), done_marker(data, job)] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(%job, path = %path.display(), error = %e, "retention: cannot delete job log");
+            }
+        }
+    }
+    removed
+}
+
+/// Starts the writer thread; it ends when every sender is dropped. Files it deletes for
+/// retention are counted in `files_deleted`.
 pub fn spawn_writer(
     data: PathBuf,
     events: broadcast::Sender<JobEvent>,
+    files_deleted: Arc<AtomicU64>,
 ) -> std::io::Result<(mpsc::Sender<LogMsg>, std::thread::JoinHandle<()>)> {
     std::fs::create_dir_all(data.join("logs"))?;
     let (tx, mut rx) = mpsc::channel::<LogMsg>(LOG_QUEUE);
@@ -112,6 +138,15 @@ pub fn spawn_writer(
                             kind: JobEventKind::Log,
                             at: Instant::now(),
                         });
+                    }
+                    LogMsg::Forget { jobs } => {
+                        let mut removed = 0;
+                        for job in &jobs {
+                            open.remove(job);
+                            removed += forget(&data, *job);
+                        }
+                        files_deleted.fetch_add(removed, Ordering::Relaxed);
+                        tracing::debug!(jobs = jobs.len(), files = removed, "retention: deleted job logs");
                     }
                 }
             }

@@ -78,6 +78,17 @@ pub struct MillMetrics {
     pub live_log_dropped: u64,
     /// Messages dropped because a connection's queue was full (the connection is closed).
     pub send_overflows: u64,
+    /// Cursors of old epochs forgotten (M23).
+    pub cursors_forgotten: u64,
+    /// Retention batches run (one transaction each).
+    pub retention_batches: u64,
+    /// Finished jobs deleted by retention.
+    pub retention_jobs: u64,
+    /// Status-history rows deleted by retention.
+    pub retention_history_rows: u64,
+    /// Job log files (logs and their completion markers) deleted by retention, as the log
+    /// writer last reported.
+    pub retention_log_files: u64,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
 }
 
@@ -98,6 +109,13 @@ impl MillMetrics {
             .insert((node.clone(), epoch), seqno)
             .unwrap_or_default();
         self.events_applied += seqno.get().saturating_sub(old.get());
+    }
+
+    /// A cursor the mill forgot (an old epoch of a node, M23): the mirror drops it too, so
+    /// it stays as bounded as the mill's.
+    pub fn cursor_forgotten(&mut self, node: &NodeId, epoch: Epoch) {
+        self.cursors.remove(&(node.clone(), epoch));
+        self.cursors_forgotten += 1;
     }
 
     /// A job update the driver acted on.
@@ -274,6 +292,41 @@ impl MillMetrics {
             "Connections closed because their send queue was full.",
         );
         let _ = writeln!(out, "millrace_send_overflows_total {}", self.send_overflows);
+        counter(
+            &mut out,
+            "millrace_retention_deleted_total",
+            "Rows and files deleted by retention (--retention, --retention-count), by what.",
+        );
+        for (what, n) in [
+            ("jobs", self.retention_jobs),
+            ("history_rows", self.retention_history_rows),
+            ("log_files", self.retention_log_files),
+        ] {
+            let _ = writeln!(
+                out,
+                "millrace_retention_deleted_total{{what=\"{what}\"}} {n}"
+            );
+        }
+        counter(
+            &mut out,
+            "millrace_retention_batches_total",
+            "Retention batches run (one bounded transaction each).",
+        );
+        let _ = writeln!(
+            out,
+            "millrace_retention_batches_total {}",
+            self.retention_batches
+        );
+        counter(
+            &mut out,
+            "millrace_cursors_forgotten_total",
+            "Event cursors of old executor epochs forgotten (M23).",
+        );
+        let _ = writeln!(
+            out,
+            "millrace_cursors_forgotten_total {}",
+            self.cursors_forgotten
+        );
         out
     }
 }

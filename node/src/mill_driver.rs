@@ -11,7 +11,9 @@
 //! touches the store, so no close can land in the middle of a commit.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use millrace_core::job::{JobSpec, JobState};
 use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
@@ -34,6 +36,37 @@ const MAX_STEP_INPUTS: usize = 2048;
 pub const EVENT_BUFFER: usize = 16 * 1024;
 /// At shutdown, how long connection writers may take to send what the last steps queued.
 const SHUTDOWN_SEND_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Finished jobs deleted per retention batch, in one transaction: small enough that a batch
+/// never holds up the next step's group commit for long.
+pub const RETENTION_BATCH: usize = 500;
+/// Time between retention batches when the last one found less than a full batch.
+const RETENTION_EVERY: Duration = Duration::from_secs(1);
+/// Time between retention batches while catching up (the last one was full).
+const RETENTION_CATCH_UP: Duration = Duration::from_millis(100);
+
+/// Retention (issue 11 item 7): finished jobs, their history and their logs are deleted
+/// once they ended more than `max_age` ago, or beyond the `max_count` most recent ones.
+#[derive(Debug, Clone)]
+pub struct Retention {
+    /// `--retention`.
+    pub max_age: Duration,
+    /// `--retention-count`.
+    pub max_count: Option<u64>,
+    /// Log files the log writer deleted, for `/metrics`.
+    pub files_deleted: Arc<AtomicU64>,
+}
+
+impl Retention {
+    /// The default policy (30 days, no count limit) with a fresh counter.
+    #[cfg(test)]
+    pub fn default_policy() -> Self {
+        Retention {
+            max_age: Duration::from_secs(30 * 86_400),
+            max_count: None,
+            files_deleted: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
 
 /// Something for the mill driver.
 #[derive(Debug)]
@@ -275,6 +308,12 @@ struct Driver {
     logs: mpsc::Sender<LogMsg>,
     /// A `Shutdown` came in: this step is the last.
     stopping: bool,
+    retention: Retention,
+    /// When the next retention batch runs.
+    retention_due: Instant,
+    /// Jobs retention deleted whose log files the log writer has not been handed yet (its
+    /// queue was full); no new batch runs until they are.
+    forget_pending: Vec<JobId>,
 }
 
 /// Starts the driver thread for `mill` on `store`. It runs until [`MillCmd::Shutdown`] (or
@@ -290,6 +329,7 @@ pub fn spawn(
         (NodeId, millrace_core::Epoch),
         millrace_core::Seqno,
     >,
+    retention: Retention,
 ) -> std::io::Result<(MillHandle, std::thread::JoinHandle<Result<(), DriverError>>)> {
     let (tx, rx) = mpsc::channel(CMD_QUEUE);
     let latency_us = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -307,6 +347,9 @@ pub fn spawn(
         events,
         logs,
         stopping: false,
+        retention,
+        retention_due: Instant::now() + RETENTION_EVERY,
+        forget_pending: Vec::new(),
     };
     let handle = std::thread::Builder::new()
         .name("mill-driver".into())
@@ -329,13 +372,13 @@ impl Driver {
         self.drain();
         self.flush()?;
         while !self.stopping {
-            let deadline = self.mill.next_deadline().map(|t| self.clock.instant_of(t));
-            let sleep = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
+            // The mill's next deadline, or the next retention batch if that comes first.
+            let wake = self
+                .mill
+                .next_deadline()
+                .map(|t| self.clock.instant_of(t))
+                .map_or(self.retention_due, |d| d.min(self.retention_due));
+            let sleep = tokio::time::sleep_until(wake.into());
             let first = tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(c) => Some(c),
@@ -363,6 +406,10 @@ impl Driver {
             }
             // The step's group commit, then its sends: a shutdown waits for both.
             self.flush()?;
+            // Between steps, never inside one: one bounded batch at a time.
+            if !self.stopping && Instant::now() >= self.retention_due {
+                self.retention_batch();
+            }
         }
         self.flush()?;
         // `rx` stays open until the writers are done: a reader whose delivery failed would
@@ -395,6 +442,83 @@ impl Driver {
                 "some executor connections did not take their last messages in time; \
                  they will be re-sent or reconciled after the restart (M29)"
             );
+        }
+    }
+
+    /// One retention batch (issue 11 item 7): deletes at most [`RETENTION_BATCH`] finished
+    /// jobs with their history in one transaction, then hands their log files to the log
+    /// writer (behind every write of theirs). The core holds no finished job (a terminal
+    /// removes it, M24), so there is nothing to forget there; the store's rows are checked
+    /// against it all the same.
+    fn retention_batch(&mut self) {
+        let mut full = false;
+        if self.hand_over_logs() {
+            let max_age_ms = u64::try_from(self.retention.max_age.as_millis()).unwrap_or(u64::MAX);
+            let cutoff_ms = wall_ms().saturating_sub(max_age_ms);
+            let started = Instant::now();
+            let mill = &self.mill;
+            let result = self.store.purge_finished(
+                cutoff_ms,
+                self.retention.max_count,
+                RETENTION_BATCH,
+                |job| {
+                    let open = mill.job_state(job).is_some();
+                    debug_assert!(!open, "I2: {job} is done in the store but open in the mill");
+                    open
+                },
+            );
+            match result {
+                Ok(purged) => {
+                    self.metrics.retention_batches += 1;
+                    full = purged.jobs.len() >= RETENTION_BATCH;
+                    if !purged.jobs.is_empty() {
+                        let jobs = purged.jobs.len() as u64;
+                        self.metrics.retention_jobs += jobs;
+                        self.metrics.retention_history_rows += purged.history_rows;
+                        tracing::info!(
+                            jobs,
+                            history_rows = purged.history_rows,
+                            took_us =
+                                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                            full,
+                            "retention: deleted finished jobs"
+                        );
+                        self.forget_pending = purged.jobs;
+                        self.hand_over_logs();
+                    }
+                }
+                Err(e) => {
+                    // Rolled back; nothing half-deleted. The next batch tries again.
+                    tracing::warn!(error = %e, "retention batch failed; retrying later");
+                }
+            }
+        } else {
+            full = true;
+        }
+        self.retention_due = Instant::now()
+            + if full {
+                RETENTION_CATCH_UP
+            } else {
+                RETENTION_EVERY
+            };
+    }
+
+    /// Hands the pending log deletions to the log writer; false if its queue is full (they
+    /// stay pending, bounded by one batch).
+    fn hand_over_logs(&mut self) -> bool {
+        if self.forget_pending.is_empty() {
+            return true;
+        }
+        let jobs = std::mem::take(&mut self.forget_pending);
+        match self.logs.try_send(LogMsg::Forget { jobs }) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(LogMsg::Forget { jobs })) => {
+                self.forget_pending = jobs;
+                false
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => false,
+            // The writer is gone (shutting down): nothing will write those files again.
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
         }
     }
 
@@ -436,6 +560,8 @@ impl Driver {
                 let _ = reply.send(self.nodes());
             }
             MillCmd::Metrics { reply } => {
+                self.metrics.retention_log_files =
+                    self.retention.files_deleted.load(Ordering::Relaxed);
                 let _ = reply.send(self.metrics.render(&self.mill));
             }
             MillCmd::Stats { reply } => {
@@ -530,8 +656,23 @@ impl Driver {
                 .saturating_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
             for b in &batches {
                 for w in &b.writes {
-                    if let MillWrite::Cursor { node, epoch, seqno } = w {
-                        self.metrics.cursor(node, *epoch, *seqno);
+                    match w {
+                        MillWrite::Cursor { node, epoch, seqno } => {
+                            self.metrics.cursor(node, *epoch, *seqno);
+                        }
+                        MillWrite::CursorDelete { node, epoch } => {
+                            tracing::info!(%node, %epoch, "forgot the cursor of an old epoch");
+                            self.metrics.cursor_forgotten(node, *epoch);
+                        }
+                        MillWrite::Counters { .. }
+                        | MillWrite::JobInsert { .. }
+                        | MillWrite::JobState { .. }
+                        | MillWrite::LeaseUpsert(_)
+                        | MillWrite::LeaseCancel { .. }
+                        | MillWrite::LeaseDelete { .. }
+                        | MillWrite::QuotaHold { .. }
+                        | MillWrite::QuotaRelease { .. }
+                        | MillWrite::Quarantine { .. } => {}
                     }
                 }
             }
@@ -683,7 +824,16 @@ mod tests {
         let mill = Mill::new(MillConfig::default(), None, clock.now()).unwrap();
         let (events, _) = broadcast::channel(16);
         let (logs, _) = mpsc::channel(16);
-        let (handle, thread) = spawn(mill, store, clock, events, logs, BTreeMap::new()).unwrap();
+        let (handle, thread) = spawn(
+            mill,
+            store,
+            clock,
+            events,
+            logs,
+            BTreeMap::new(),
+            Retention::default_policy(),
+        )
+        .unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()

@@ -73,13 +73,28 @@ pub const SCHEMA_V2: &str = r"
         ALTER TABLE leases ADD COLUMN cancel TEXT;
     ";
 
+/// Schema 3: finished jobs by the time they ended, so that retention (issue 11 item 7)
+/// finds the oldest ones without scanning every finished job.
+pub const SCHEMA_V3: &str = r"
+        CREATE INDEX jobs_done_by_age ON jobs (done, updated_at_ms, id);
+    ";
+
 /// The mill store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "mill",
     file: "mill.db",
     application_id: 0x4d52_4d31,
-    migrations: &[SCHEMA_V1, SCHEMA_V2],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3],
 };
+
+/// What one retention batch deleted from the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// The finished jobs deleted, oldest first (their log files go next).
+    pub jobs: Vec<JobId>,
+    /// Their status-history rows.
+    pub history_rows: u64,
+}
 
 /// The mill's store, owned by the mill driver.
 pub struct MillStore {
@@ -283,6 +298,80 @@ impl MillStore {
         tx.commit().map_err(sq)
     }
 
+    /// One retention batch (issue 11 item 7), in one transaction: deletes at most `limit`
+    /// finished jobs, with their history, that ended before `cutoff_ms` (wall clock) or that
+    /// are beyond the `keep` most recently finished. Only rows marked done (a terminal
+    /// state) are candidates; `still_open` is asked about each and vetoes any job the mill
+    /// still holds (never true for a done row: a terminal is final, I2).
+    pub fn purge_finished(
+        &mut self,
+        cutoff_ms: u64,
+        keep: Option<u64>,
+        limit: usize,
+        still_open: impl Fn(JobId) -> bool,
+    ) -> Result<Purged, StoreError> {
+        let path = self.opened.path.clone();
+        let sq = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.opened.conn.transaction().map_err(sq)?;
+        // Age and count both cut a prefix of the finished jobs in the order they ended: the
+        // batch is the longer of the two prefixes, at most `limit` long.
+        let threshold: Option<(i64, i64)> = match keep {
+            None => None,
+            Some(n) => tx
+                .prepare_cached(
+                    "SELECT updated_at_ms, id FROM jobs WHERE done = 1
+                     ORDER BY updated_at_ms DESC, id DESC LIMIT 1 OFFSET ?1",
+                )
+                .and_then(|mut st| {
+                    // Saturating, not `to_i64`'s bit cast: a huge count must not wrap
+                    // to a negative OFFSET (which SQLite reads as none, deleting all).
+                    let n = i64::try_from(n).unwrap_or(i64::MAX);
+                    st.query_row(params![n], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                })
+                .map_err(sq)?,
+        };
+        let oldest: Vec<(i64, i64)> = tx
+            .prepare_cached(
+                "SELECT id, updated_at_ms FROM jobs WHERE done = 1
+                 ORDER BY updated_at_ms, id LIMIT ?1",
+            )
+            .and_then(|mut st| {
+                st.query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(sq)?;
+        let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+        let mut purged = Purged::default();
+        for (id, at) in oldest {
+            let old = at < cutoff;
+            let excess = threshold.is_some_and(|(t, tid)| (at, id) <= (t, tid));
+            if !(old || excess) {
+                break;
+            }
+            let job = JobId(to_u64(id));
+            if still_open(job) {
+                tracing::warn!(%job, "retention: the store marks the job done but the mill still holds it; kept");
+                continue;
+            }
+            purged.history_rows += tx
+                .prepare_cached("DELETE FROM job_history WHERE job = ?1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(sq)? as u64;
+            tx.prepare_cached("DELETE FROM jobs WHERE id = ?1 AND done = 1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(sq)?;
+            purged.jobs.push(job);
+        }
+        tx.commit().map_err(sq)?;
+        Ok(purged)
+    }
+
     /// Checkpoints the WAL and closes the store (clean shutdown).
     pub fn close(self) -> Result<(), StoreError> {
         self.opened.close()
@@ -411,6 +500,10 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     to_i64(seqno.get())
                 ])
             })?;
+        }
+        MillWrite::CursorDelete { node, epoch } => {
+            tx.prepare_cached("DELETE FROM cursors WHERE node = ?1 AND epoch = ?2")
+                .and_then(|mut st| st.execute(params![node.as_str(), to_i64(epoch.get())]))?;
         }
         MillWrite::QuotaHold {
             job,
@@ -713,6 +806,75 @@ mod tests {
         assert_eq!(reader.jobs(None, 10).unwrap().len(), 2);
     }
 
+    /// Issue 11 item 7: a retention batch deletes finished jobs (and their history) that
+    /// ended before the cutoff or beyond the `keep` newest, oldest first, at most `limit`,
+    /// and never a job that has not ended.
+    #[test]
+    fn retention_deletes_only_finished_jobs_oldest_first_within_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MillStore::open(dir.path()).unwrap();
+        let done = JobState::Done(Terminal::by_mill(
+            TerminalStatus::Cancelled,
+            millrace_core::TerminalCause::Cancelled,
+            "x",
+        ));
+        // Jobs 1..=6 inserted at t=10; 1..=5 end at t=100+id; 6 stays queued.
+        let insert = MillBatch {
+            writes: (1..=6)
+                .map(|id| MillWrite::JobInsert {
+                    job: JobId(id),
+                    record: Box::new(JobRecord {
+                        spec: spec(),
+                        submitted_at_ms: 1,
+                        state: JobState::Queued,
+                    }),
+                })
+                .collect(),
+        };
+        store.apply(&[insert], 10).unwrap();
+        for id in 1..=5 {
+            let end = MillBatch {
+                writes: vec![MillWrite::JobState {
+                    job: JobId(id),
+                    state: done.clone(),
+                }],
+            };
+            store.apply(&[end], 100 + id).unwrap();
+        }
+        let ids = |p: &Purged| p.jobs.iter().map(|j| j.get()).collect::<Vec<_>>();
+        // By age: ended before 103 are jobs 1 and 2; the queued job is older but stays.
+        let p = store.purge_finished(103, None, 500, |_| false).unwrap();
+        assert_eq!(ids(&p), vec![1, 2]);
+        assert_eq!(p.history_rows, 4, "insert and end of each");
+        // By count: keep the newest 2 of 3, 4, 5; the batch bound applies first.
+        let p = store.purge_finished(0, Some(2), 500, |_| false).unwrap();
+        assert_eq!(ids(&p), vec![3]);
+        // A job the mill still holds is vetoed.
+        let p = store
+            .purge_finished(u64::MAX, None, 500, |j| j == JobId(4))
+            .unwrap();
+        assert_eq!(ids(&p), vec![5]);
+        // A count beyond every job keeps them all (no wrap to a negative OFFSET).
+        let p = store
+            .purge_finished(0, Some(u64::MAX), 500, |_| false)
+            .unwrap();
+        assert_eq!(ids(&p), Vec::<u64>::new());
+        let p = store.purge_finished(u64::MAX, None, 1, |_| false).unwrap();
+        assert_eq!(ids(&p), vec![4]);
+        let reader = MillReader::open(store.path()).unwrap();
+        assert!(reader.job(JobId(4)).unwrap().is_none());
+        assert!(reader.history(JobId(4)).unwrap().is_empty());
+        assert_eq!(
+            reader.job(JobId(6)).unwrap().unwrap().state,
+            JobState::Queued
+        );
+        assert_eq!(
+            reader.jobs(None, 10).unwrap().len(),
+            1,
+            "only the queued job is left"
+        );
+    }
+
     /// A store written by the first schema (leases without a cancel column) opens, upgrades
     /// in place, and then keeps a lease's cancel across a reopen (M26, M29).
     #[test]
@@ -757,7 +919,7 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2, "upgraded in place");
+        assert_eq!(version, 3, "upgraded in place");
         let mut reference = store.load().unwrap().unwrap();
         let lease = &reference.leases[&LeaseId(7)];
         assert_eq!(lease.cancel, None, "an old lease has no cancel");

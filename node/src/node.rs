@@ -273,11 +273,28 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         .map_err(|e| NodeError::Config(e.to_string()))?;
     let reader = MillReader::open(store.path())?;
     let (events, _) = broadcast::channel(EVENT_BUFFER);
-    let (log_tx, logs) = crate::logs::spawn_writer(opts.data.clone(), events.clone())
-        .map_err(io("job log writer"))?;
+    let retention = mill_driver::Retention {
+        max_age: opts.tuning.retention,
+        max_count: opts.tuning.retention_count,
+        files_deleted: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    let (log_tx, logs) = crate::logs::spawn_writer(
+        opts.data.clone(),
+        events.clone(),
+        retention.files_deleted.clone(),
+    )
+    .map_err(io("job log writer"))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (handle, driver) = mill_driver::spawn(mill, store, clock, events.clone(), log_tx, restored)
-        .map_err(io("mill driver thread"))?;
+    let (handle, driver) = mill_driver::spawn(
+        mill,
+        store,
+        clock,
+        events.clone(),
+        log_tx,
+        restored,
+        retention,
+    )
+    .map_err(io("mill driver thread"))?;
 
     let exec_listener = TcpListener::bind(&opts.executor_listen)
         .await

@@ -567,6 +567,9 @@ impl Checker {
                 MillWrite::Cursor { node, epoch, seqno } => {
                     self.cursor_advanced(w, node, *epoch, *seqno, ctx)?;
                 }
+                MillWrite::CursorDelete { node, epoch } => {
+                    self.cursor_forgotten(w, node, *epoch)?;
+                }
                 MillWrite::Quarantine { node, quarantined } => {
                     if *quarantined {
                         self.quarantined.insert(node.clone());
@@ -926,6 +929,39 @@ impl Checker {
         }
         self.cursors.insert((exec, epoch), seqno);
         self.cursor_move = Some((exec, epoch, prev, seqno));
+        Ok(())
+    }
+
+    /// I4, M23 (retention, issue 11 item 7): a cursor is forgotten only for an epoch of which
+    /// no durable lease remains, since an event of such a stream can touch nothing: every
+    /// event of it is skipped (M21; lease ids never repeat, M30). The stream then starts
+    /// again from zero, as the mill's does.
+    fn cursor_forgotten(
+        &mut self,
+        w: &World,
+        node: &NodeId,
+        epoch: Epoch,
+    ) -> Result<(), Violation> {
+        let live = self.leases.iter().find(|(id, rec)| {
+            rec.epoch == epoch
+                && !self.ended.contains_key(id)
+                && rec
+                    .exec
+                    .and_then(|x| w.execs.get(x))
+                    .is_some_and(|p| &p.node == node)
+        });
+        if let Some((id, rec)) = live {
+            return fail(
+                "I4",
+                format!(
+                    "cursor of ({node}, {epoch}) forgotten while {id} of {} is durable under it (M23)",
+                    rec.job
+                ),
+            );
+        }
+        if let Some(exec) = exec_index_at(w, node, epoch) {
+            self.cursors.remove(&(exec, epoch));
+        }
         Ok(())
     }
 

@@ -344,6 +344,9 @@ fn mill_write(s: &mut String, w: &MillWrite) {
         MillWrite::Cursor { node, epoch, seqno } => {
             let _ = write!(s, "cursor({node} {epoch} {seqno})");
         }
+        MillWrite::CursorDelete { node, epoch } => {
+            let _ = write!(s, "forget-cursor({node} {epoch})");
+        }
         MillWrite::QuotaHold { job, .. } => {
             let _ = write!(s, "hold({job})");
         }

@@ -19,6 +19,9 @@ impl Mill {
         let Some(conn) = s.conn else {
             return;
         };
+        // Only a Hello's session has a connection, so events move only the stream of the
+        // epoch the node said it is on: an old epoch's stream never moves again (M23).
+        debug_assert!(s.greeted, "M23: {node} has a connection without a Hello");
         if epoch != s.epoch {
             let what = format!(
                 "event batch for epoch {epoch} on a session of epoch {}",

@@ -414,6 +414,9 @@ pub struct Mill {
     strikes: BTreeMap<NodeId, u32>,
     quarantined: BTreeSet<NodeId>,
     cursors: BTreeMap<(NodeId, Epoch), Seqno>,
+    /// Per node, its idle epochs whose cursors are still kept, oldest retired first (M23,
+    /// retention; at most `session::RETIRED_EPOCHS_KEPT` each).
+    retired: BTreeMap<NodeId, VecDeque<Epoch>>,
     /// Leases whose terminal each (node, epoch) stream delivered (M22), bounded FIFO each.
     /// Kept per stream, not per connection, so a reconnect does not forget them.
     terminals: BTreeMap<(NodeId, Epoch), terminals::TerminalMemory>,
@@ -465,6 +468,7 @@ impl Mill {
             strikes: BTreeMap::new(),
             quarantined: BTreeSet::new(),
             cursors: BTreeMap::new(),
+            retired: BTreeMap::new(),
             terminals: BTreeMap::new(),
             jobs: BTreeMap::new(),
             queue: BTreeSet::new(),
@@ -941,6 +945,15 @@ impl Mill {
         }
         self.job_seat_released(&l.node, l.job);
         self.persist(MillWrite::LeaseDelete { lease });
+        // The last lease of an old epoch ending lets its stream be forgotten (M23), after
+        // the lease's own delete in the batch.
+        if self
+            .sessions
+            .get(&l.node)
+            .is_some_and(|s| s.greeted && s.epoch != l.epoch)
+        {
+            self.forget_old_epochs(&l.node);
+        }
         self.withdraw_commit(lease);
         self.release_quota(l.job, true);
         match terminal {

@@ -11,6 +11,12 @@ use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
 use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
 
+/// Idle epochs of a node whose cursors are kept, beyond its live ones (see
+/// `Mill::forget_old_epochs`): one, so that a node id shared in turn by two processes on
+/// their own stores (M2) finds both cursors, while repeated store wipes leave at most one
+/// dead cursor behind.
+pub(super) const RETIRED_EPOCHS_KEPT: usize = 1;
+
 /// What the mill knows of one executor. Lives from its first Hello until grace expires
 /// without recovery (M5); survives disconnects during grace.
 #[derive(Debug)]
@@ -44,6 +50,9 @@ pub(super) struct Session {
     pub(super) did_work: bool,
     /// This connection was closed for a violation (M28).
     pub(super) violated: bool,
+    /// The session's epoch is the node's own word (its Hello), not a restored lease's
+    /// (a placeholder, M29): only then are the node's other epochs known to be old.
+    pub(super) greeted: bool,
 }
 
 impl Session {
@@ -63,6 +72,7 @@ impl Session {
             held: BTreeMap::new(),
             did_work: false,
             violated: false,
+            greeted: false,
         }
     }
 
@@ -313,6 +323,7 @@ impl Mill {
         s.grace = grace.map(|(g, _)| g);
         s.recovery_since = grace.map(|(_, since)| since);
         s.held = held;
+        s.greeted = true;
         self.sessions.insert(node.clone(), s);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.node = Some(node.clone());
@@ -324,32 +335,88 @@ impl Mill {
         }
         let at = self.now.plus(self.config.silence_timeout);
         self.arm(at, Timer::Silence(node.clone()));
-        self.forget_idle_epochs(&node, epoch);
+        self.forget_old_epochs(&node);
         let cursor = self.cursor(&node, epoch);
         let timers = self.config.session_timers();
         self.send(conn, ToExecutor::Welcome { cursor, timers });
         self.reindex(&node);
     }
 
-    /// M22: terminal memory is kept per (node, epoch) across connections; a Hello of
-    /// `epoch` drops that of the node's other epochs that hold no lease (no event of those
-    /// can be applied any more), so the memory stays bounded by the node's live epochs.
-    fn forget_idle_epochs(&mut self, node: &NodeId, epoch: Epoch) {
-        let idle: Vec<Epoch> = self
+    /// M22, M23 and retention (issue 11 item 7): a node greeted on one epoch can apply no
+    /// event of its other epochs while that lasts (a batch must carry the session's epoch,
+    /// M19), so the streams of those that hold no lease are retired: their terminal memory
+    /// goes at once, and their cursor joins the node's retired epochs. The cursors of all but
+    /// the [`RETIRED_EPOCHS_KEPT`] most recently retired are forgotten, with a durable
+    /// delete, so memory and store stay bounded by the node's live epochs plus that many.
+    ///
+    /// Why keep any: an epoch changes with a new store (E1), but two processes may share a
+    /// node id in turn (a twin taking over a dead session, M2). The first one, back on its
+    /// intact store, must find its cursor, or it refuses the Welcome (E6: a cursor behind
+    /// what was acked) and never delivers its outbox (twin seed 7000631, I9).
+    ///
+    /// Called at each Hello and whenever a lease of an old epoch ends. The current epoch is
+    /// never touched, nor anything while the session is a placeholder (restored from
+    /// leases, M29): until its Hello the mill does not know which of the node's epochs is
+    /// current.
+    pub(super) fn forget_old_epochs(&mut self, node: &NodeId) {
+        let Some(s) = self.sessions.get(node) else {
+            return;
+        };
+        if !s.greeted {
+            return;
+        }
+        let current = s.epoch;
+        let leases = &self.leases;
+        let holds = |e: Epoch| {
+            self.node_leases.get(node).is_some_and(|set| {
+                set.iter()
+                    .any(|id| leases.get(id).is_some_and(|l| l.epoch == e))
+            })
+        };
+        let idle_memory: Vec<Epoch> = self
             .terminals
             .range((node.clone(), Epoch(0))..)
             .take_while(|((n, _), _)| n == node)
             .map(|((_, e), _)| *e)
-            .filter(|e| {
-                *e != epoch
-                    && !self.node_leases.get(node).is_some_and(|set| {
-                        set.iter()
-                            .any(|id| self.leases.get(id).is_some_and(|l| l.epoch == *e))
-                    })
-            })
+            .filter(|e| *e != current && !holds(*e))
             .collect();
-        for e in idle {
+        let idle_cursors: Vec<Epoch> = self
+            .cursors
+            .range((node.clone(), Epoch(0))..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|((_, e), _)| *e)
+            .filter(|e| *e != current && !holds(*e))
+            .collect();
+        for e in idle_memory {
             self.terminals.remove(&(node.clone(), e));
+        }
+        let retired = self.retired.entry(node.clone()).or_default();
+        // Back on a retired epoch: it is live again.
+        retired.retain(|e| *e != current);
+        for e in idle_cursors {
+            if !retired.contains(&e) {
+                retired.push_back(e);
+            }
+        }
+        let mut forget = Vec::new();
+        while retired.len() > RETIRED_EPOCHS_KEPT {
+            forget.extend(retired.pop_front());
+        }
+        if retired.is_empty() {
+            self.retired.remove(node);
+        }
+        for e in forget {
+            // M22, M23: a stream is forgotten whole; a terminal memory left behind would
+            // judge a new stream's events against the old one's leases.
+            debug_assert!(
+                e != current && !self.terminals.contains_key(&(node.clone(), e)),
+                "M23: the cursor of ({node}, {e}) is forgotten but its stream is live"
+            );
+            self.cursors.remove(&(node.clone(), e));
+            self.persist(MillWrite::CursorDelete {
+                node: node.clone(),
+                epoch: e,
+            });
         }
     }
 

@@ -118,6 +118,14 @@ pub enum MillWrite {
         /// Last applied seqno.
         seqno: Seqno,
     },
+    /// The cursor of (node, epoch) is forgotten: the node is on a newer epoch and holds no
+    /// lease of this one, so no event of it can be applied any more (M23, retention).
+    CursorDelete {
+        /// The executor.
+        node: NodeId,
+        /// The old epoch.
+        epoch: Epoch,
+    },
     /// A quota hold for a published lease's job.
     QuotaHold {
         /// The job (the reservation id).
@@ -207,6 +215,9 @@ impl MillSnapshot {
             }
             MillWrite::Cursor { node, epoch, seqno } => {
                 self.cursors.insert((node.clone(), *epoch), *seqno);
+            }
+            MillWrite::CursorDelete { node, epoch } => {
+                self.cursors.remove(&(node.clone(), *epoch));
             }
             MillWrite::QuotaHold {
                 job,

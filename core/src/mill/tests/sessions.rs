@@ -639,3 +639,138 @@ fn m6_a_snapshot_awaiting_announced_events_extends_grace_so_the_result_lands() {
     );
     assert_eq!(h.terminal_of(job).unwrap().status, TerminalStatus::Success);
 }
+
+/// Events 1..=2 of `lease` on `conn` (of `epoch`): running, then its success.
+fn finish(h: &mut H, conn: ConnId, epoch: u64, lease: LeaseId) {
+    h.events(
+        conn,
+        epoch,
+        vec![
+            (1, lease, EventKind::Running),
+            (2, lease, terminal(TerminalStatus::Success)),
+        ],
+    );
+}
+
+fn forgets(h: &H, name: &str, epoch: u64) -> bool {
+    h.writes().contains(&MillWrite::CursorDelete {
+        node: node(name),
+        epoch: Epoch(epoch),
+    })
+}
+
+fn forgets_any(h: &H) -> bool {
+    h.writes()
+        .iter()
+        .any(|w| matches!(w, MillWrite::CursorDelete { .. }))
+}
+
+/// A session of `name` on `epoch` that ran one job to its end (cursor 2).
+fn worked(h: &mut H, name: &str, epoch: u64) -> ConnId {
+    let conn = h.hello_as(name, epoch, &[]);
+    h.snapshot(conn, 0.1, &[]);
+    let (_, lease) = h.run_on(conn, spec());
+    finish(h, conn, epoch, lease);
+    assert_eq!(h.mill.cursor(&node(name), Epoch(epoch)), Seqno(2));
+    conn
+}
+
+/// M23, retention (issue 11 item 7): a node greeted on a new epoch (a new store, E1) retires
+/// its old epochs that hold no lease; the cursor of all but the most recently retired one is
+/// dropped from memory and from the store, and stays dropped across a restart (M29). The
+/// retired one is kept: a node id shared in turn by two processes (M2, twin seed 7000631)
+/// finds its cursor when the first process comes back. A Hello of the current epoch keeps
+/// everything.
+#[test]
+fn m23_old_epoch_cursors_are_forgotten_beyond_the_last_retired_one() {
+    let mut h = H::new();
+    let first = worked(&mut h, "a", 1);
+    h.input(MillInput::Disconnected { conn: first }).unwrap();
+    let same = h.hello_as("a", 1, &[]);
+    assert!(!forgets_any(&h), "the current epoch is kept");
+    assert_eq!(h.sent(same), vec![ToExecutor::Welcome { cursor: Seqno(2) }]);
+    h.input(MillInput::Disconnected { conn: same }).unwrap();
+    let second = worked(&mut h, "a", 2);
+    assert!(!forgets_any(&h), "epoch 1 is the one retired epoch kept");
+    h.input(MillInput::Disconnected { conn: second }).unwrap();
+    // The process of epoch 1 is back on its intact store: its cursor is there.
+    let back = h.hello_as("a", 1, &[]);
+    assert_eq!(h.sent(back), vec![ToExecutor::Welcome { cursor: Seqno(2) }]);
+    assert!(!forgets_any(&h));
+    h.input(MillInput::Disconnected { conn: back }).unwrap();
+    // A third store: epochs 1 and 2 are idle; the older retired one goes.
+    let third = h.hello_as("a", 3, &[]);
+    assert!(forgets(&h, "a", 2) ^ forgets(&h, "a", 1), "{:?}", h.out);
+    assert!(
+        forgets(&h, "a", 2),
+        "epoch 1 was live last, epoch 2 retired before it"
+    );
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(2)), Seqno(0));
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(1)), Seqno(2));
+    assert!(!h.store.cursors.contains_key(&(node("a"), Epoch(2))));
+    // The new epoch's stream runs from its own start.
+    h.snapshot(third, 0.1, &[]);
+    let (_, lease) = h.run_on(third, spec());
+    h.events(third, 3, vec![(1, lease, EventKind::Running)]);
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(3)), Seqno(1));
+    h.restart();
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(2)), Seqno(0));
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(1)), Seqno(2));
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(3)), Seqno(1));
+}
+
+/// M23 with M5: an epoch is retired only once no lease of it remains (its process may still
+/// report it); the step that ends its last lease retires it, and the older retired epoch's
+/// cursor is forgotten then (here grace expiry fails the lease, the node being recovered on
+/// its new epoch).
+#[test]
+fn m23_an_epoch_is_retired_in_the_step_its_last_lease_ends() {
+    let mut h = H::new();
+    let oldest = worked(&mut h, "a", 5);
+    h.input(MillInput::Disconnected { conn: oldest }).unwrap();
+    let conn = worked(&mut h, "a", 1);
+    let (old_job, _) = h.run_on(conn, spec());
+    h.input(MillInput::Disconnected { conn }).unwrap();
+    let wiped = h.hello_as("a", 2, &[]);
+    assert!(
+        !forgets_any(&h),
+        "epoch 1 holds a lease; epoch 5 is the retired one"
+    );
+    h.snapshot(wiped, 0.1, &[]);
+    let mut ended = false;
+    for _ in 0..12 {
+        h.keep_alive(wiped, 5 * SEC, &[]);
+        let now_ended = h.terminal_of(old_job).is_some();
+        assert!(!forgets(&h, "a", 1), "epoch 1 is the newest retired");
+        if now_ended {
+            assert!(forgets(&h, "a", 5), "forgotten in the step the lease ended");
+            ended = true;
+            break;
+        }
+        assert!(
+            !forgets_any(&h),
+            "nothing forgotten while epoch 1 holds a lease"
+        );
+    }
+    assert!(ended, "grace expiry ended the old lease");
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(5)), Seqno(0));
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(1)), Seqno(2));
+    assert!(!h.store.cursors.contains_key(&(node("a"), Epoch(5))));
+}
+
+/// M23 with M29: a restarted mill knows a node's epochs only from its restored leases; it
+/// forgets nothing of the node until the node's Hello says which epoch is current.
+#[test]
+fn m23_a_restarted_mill_forgets_no_cursor_before_the_node_says_its_epoch() {
+    let mut h = H::new();
+    let conn = h.ready("a", 0.1);
+    let (_, lease) = h.run_on(conn, spec());
+    h.events(conn, 1, vec![(1, lease, EventKind::Running)]);
+    h.restart();
+    // Grace from the restart fails the lease; nothing said the node moved on.
+    h.advance(50 * SEC);
+    assert!(!forgets(&h, "a", 1));
+    assert_eq!(h.mill.cursor(&node("a"), Epoch(1)), Seqno(1));
+    let back = h.hello_as("a", 1, &[]);
+    assert_eq!(h.sent(back), vec![ToExecutor::Welcome { cursor: Seqno(1) }]);
+}
