@@ -403,7 +403,7 @@ pub struct ExecutorArgs {
         help_heading = "TLS"
     )]
     pub tls_key: Option<PathBuf>,
-    /// Timers (must match the mill's).
+    /// Timers until the mill's `Welcome` hands over its own, which the executor adopts.
     #[command(flatten)]
     pub timing: Timing,
     /// Executor settings.

@@ -255,6 +255,9 @@ pub struct Bounds {
 pub struct Checker {
     bounds: Bounds,
     inserted: BTreeSet<JobId>,
+    /// When each job was inserted, and whether a lease of it was ever written: a queue
+    /// timeout may end only a job no lease took, `queue_timeout` after its submission.
+    queued_since: BTreeMap<JobId, (Micros, bool)>,
     /// Accepted jobs → arrival index.
     accepted: BTreeMap<JobId, usize>,
     terminals: BTreeMap<JobId, Terminal>,
@@ -389,6 +392,7 @@ impl Checker {
         Checker {
             bounds,
             inserted: BTreeSet::new(),
+            queued_since: BTreeMap::new(),
             accepted: BTreeMap::new(),
             terminals: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -484,6 +488,7 @@ impl Checker {
                     if !self.inserted.insert(*job) {
                         return fail("I2", format!("job id {job} inserted twice"));
                     }
+                    self.queued_since.insert(*job, (w.now, false));
                 }
                 MillWrite::JobState { job, state } => {
                     if let Some(t) = self.terminals.get(job) {
@@ -501,6 +506,9 @@ impl Checker {
                     }
                 }
                 MillWrite::LeaseUpsert(r) => {
+                    if let Some(q) = self.queued_since.get_mut(&r.job) {
+                        q.1 = true;
+                    }
                     let exec = exec_index_at(w, &r.node, r.epoch);
                     if let Some(old) = self.leases.get(&r.lease) {
                         if old.job != r.job || old.exec != exec {
@@ -597,6 +605,30 @@ impl Checker {
         self.terminals.insert(job, t.clone());
         if !self.inserted.contains(&job) {
             return fail("I2", format!("terminal recorded for {job}, never inserted"));
+        }
+        let queued = self.queued_since.remove(&job);
+        if t.cause == Some(TerminalCause::QueueTimeout) {
+            let bound = dur(w.mill_cfg.queue_timeout);
+            match queued {
+                Some((_, true)) => {
+                    return fail(
+                        "I2",
+                        format!("{job} ended by its queue timeout, yet a lease of it was written"),
+                    );
+                }
+                Some((since, false)) if w.now < since.saturating_add(bound) => {
+                    return fail(
+                        "I2",
+                        format!(
+                            "{job} ended by its queue timeout at {}, submitted at {}: before queue_timeout {}",
+                            secs(w.now),
+                            secs(since),
+                            secs(bound)
+                        ),
+                    );
+                }
+                _ => {}
+            }
         }
         // The process that ran the lease (a twin that took over a dead process's node id has
         // its own index, M2), else the node id's first process.

@@ -40,6 +40,8 @@ pub enum Path {
     NoCompatibleExecutor,
     /// A job failed for quota (M15).
     QuotaDenied,
+    /// A job no lease took ended by its queue timeout (issue 11).
+    QueueTimeout,
     /// An executor crashed with jobs running in its engine (E6, M5).
     ExecCrashWithRunningJobs,
     /// The mill crashed holding reserved (published, uncommitted) leases (M16, M29).
@@ -132,7 +134,7 @@ pub enum Path {
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 49] = [
+    pub const ALL: [Path; 50] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -149,6 +151,7 @@ impl Path {
         Path::TooManyPending,
         Path::NoCompatibleExecutor,
         Path::QuotaDenied,
+        Path::QueueTimeout,
         Path::ExecCrashWithRunningJobs,
         Path::MillCrashWithReservedLeases,
         Path::PartitionDuringCommit,
@@ -229,6 +232,7 @@ impl Path {
             Path::TooManyPending => "submit refused: too many pending",
             Path::NoCompatibleExecutor => "no compatible executor",
             Path::QuotaDenied => "quota denied",
+            Path::QueueTimeout => "queue timeout",
             Path::ExecCrashWithRunningJobs => "executor crash with running jobs",
             Path::MillCrashWithReservedLeases => "mill crash with reserved leases",
             Path::PartitionDuringCommit => "partition during a commit",
@@ -286,6 +290,7 @@ impl Path {
             Path::TooManyPending => "too-many-pending",
             Path::NoCompatibleExecutor => "no-compatible-executor",
             Path::QuotaDenied => "quota-denied",
+            Path::QueueTimeout => "queue-timeout",
             Path::ExecCrashWithRunningJobs => "exec-crash-with-running-jobs",
             Path::MillCrashWithReservedLeases => "mill-crash-with-reserved-leases",
             Path::PartitionDuringCommit => "partition-during-commit",

@@ -1070,6 +1070,8 @@ impl Sim {
                             self.cov.hit(Path::NoCompatibleExecutor);
                         } else if t.cause == Some(TerminalCause::QuotaDenied) {
                             self.cov.hit(Path::QuotaDenied);
+                        } else if t.cause == Some(TerminalCause::QueueTimeout) {
+                            self.cov.hit(Path::QueueTimeout);
                         }
                     }
                 }

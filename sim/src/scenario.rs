@@ -220,6 +220,8 @@ pub struct ConfigOverrides {
     pub cancel_teardown_timeout: Option<Duration>,
     /// `job_timeout`.
     pub job_timeout: Option<Duration>,
+    /// `queue_timeout`.
+    pub queue_timeout: Option<Duration>,
     /// `quarantine_strikes`.
     pub quarantine_strikes: Option<u32>,
     /// `max_sessions`.
@@ -316,6 +318,7 @@ impl Scenario {
         set(&mut c.cancel_ack_timeout, o.cancel_ack_timeout);
         set(&mut c.cancel_teardown_timeout, o.cancel_teardown_timeout);
         set(&mut c.job_timeout, o.job_timeout);
+        set(&mut c.queue_timeout, o.queue_timeout);
         if let Some(v) = o.quarantine_strikes {
             c.quarantine_strikes = v;
         }

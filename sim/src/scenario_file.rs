@@ -287,6 +287,7 @@ struct ConfigDoc {
     cancel_ack_timeout: Option<Dur>,
     cancel_teardown_timeout: Option<Dur>,
     job_timeout: Option<Dur>,
+    queue_timeout: Option<Dur>,
     quarantine_strikes: Option<u32>,
     max_sessions: Option<usize>,
 }
@@ -747,6 +748,7 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
             cancel_ack_timeout: d(c.cancel_ack_timeout),
             cancel_teardown_timeout: d(c.cancel_teardown_timeout),
             job_timeout: d(c.job_timeout),
+            queue_timeout: d(c.queue_timeout),
             quarantine_strikes: c.quarantine_strikes,
             max_sessions: c.max_sessions,
         };

@@ -688,14 +688,14 @@ fn m23_old_epoch_cursors_are_forgotten_beyond_the_last_retired_one() {
     h.input(MillInput::Disconnected { conn: first }).unwrap();
     let same = h.hello_as("a", 1, &[]);
     assert!(!forgets_any(&h), "the current epoch is kept");
-    assert_eq!(h.sent(same), vec![ToExecutor::Welcome { cursor: Seqno(2) }]);
+    assert_eq!(h.sent(same), vec![welcome(2)]);
     h.input(MillInput::Disconnected { conn: same }).unwrap();
     let second = worked(&mut h, "a", 2);
     assert!(!forgets_any(&h), "epoch 1 is the one retired epoch kept");
     h.input(MillInput::Disconnected { conn: second }).unwrap();
     // The process of epoch 1 is back on its intact store: its cursor is there.
     let back = h.hello_as("a", 1, &[]);
-    assert_eq!(h.sent(back), vec![ToExecutor::Welcome { cursor: Seqno(2) }]);
+    assert_eq!(h.sent(back), vec![welcome(2)]);
     assert!(!forgets_any(&h));
     h.input(MillInput::Disconnected { conn: back }).unwrap();
     // A third store: epochs 1 and 2 are idle; the older retired one goes.
@@ -772,5 +772,5 @@ fn m23_a_restarted_mill_forgets_no_cursor_before_the_node_says_its_epoch() {
     assert!(!forgets(&h, "a", 1));
     assert_eq!(h.mill.cursor(&node("a"), Epoch(1)), Seqno(1));
     let back = h.hello_as("a", 1, &[]);
-    assert_eq!(h.sent(back), vec![ToExecutor::Welcome { cursor: Seqno(1) }]);
+    assert_eq!(h.sent(back), vec![welcome(1)]);
 }
