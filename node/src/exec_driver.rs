@@ -241,6 +241,13 @@ impl Driver {
                 for write in &batch.writes {
                     match write {
                         ExecutorWrite::JobEnded { lease } => self.parts.engine.collected(*lease),
+                        ExecutorWrite::JobStopping {
+                            lease,
+                            stop: millrace_core::executor::StopReason::Fence,
+                        } => {
+                            let grace = self.parts.executor.timers().reconnect_grace;
+                            tracing::warn!(%lease, ?grace, "self-fencing: nothing heard from the mill for reconnect_grace; stopping the job, which ends failed \"executor lost contact with the mill\" (E12)");
+                        }
                         // Supervisors fence by the durable contact too (E12, E14).
                         ExecutorWrite::Contact { at } => {
                             self.parts.engine.contact(at.as_micros() / 1000);
@@ -337,7 +344,8 @@ impl Driver {
             let stream = match dialled {
                 Ok(Ok(s)) => s,
                 Ok(Err(Dial::Tcp(e))) => {
-                    tracing::debug!(mill = %addr, error = %e, "connect failed");
+                    // Every attempt, with why; the reconnect backoff (E11) bounds how often.
+                    tracing::info!(mill = %addr, error = %e, "connecting to the mill failed; retrying after the reconnect backoff");
                     let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
                     return;
                 }
@@ -354,7 +362,7 @@ impl Driver {
                     return;
                 }
                 Err(_) => {
-                    tracing::debug!(mill = %addr, "connect timed out");
+                    tracing::info!(mill = %addr, timeout = ?timeout, "connecting to the mill timed out; retrying after the reconnect backoff");
                     let _ = tx.send(ExecCmd::Input(ExecutorInput::ConnectFailed)).await;
                     return;
                 }

@@ -177,8 +177,15 @@ impl MillOptions {
     }
 }
 
-/// Descriptors kept aside for the store, job logs and the runtime.
+/// Descriptors kept aside for the store, job logs and the runtime (at most; a quarter of a
+/// lower limit, see [`fd_reserve`]).
 const FD_RESERVE: u64 = 128;
+
+/// The descriptors kept aside under the soft limit `soft`: [`FD_RESERVE`], or a quarter of a
+/// limit too low for it, so that a tiny `ulimit -n` still leaves room for connections.
+fn fd_reserve(soft: u64) -> u64 {
+    FD_RESERVE.min(soft / 4)
+}
 
 /// Fits the connection caps into the descriptor limit: when `--max-sessions` +
 /// `--max-preauth-connections` + `--http-max-connections` + [`FD_RESERVE`] exceed the soft
@@ -195,11 +202,12 @@ fn fit_caps_to_fds(t: &mut MillTuning, soft: u64) {
     ]
     .iter()
     .map(|n| as_u64(*n))
-    .fold(FD_RESERVE, u64::saturating_add);
+    .fold(fd_reserve(soft), u64::saturating_add);
     if want <= soft {
         return;
     }
-    let budget = usize::try_from(soft.saturating_sub(FD_RESERVE).max(48)).unwrap_or(usize::MAX);
+    let reserve = fd_reserve(soft);
+    let budget = usize::try_from(soft.saturating_sub(reserve).max(48)).unwrap_or(usize::MAX);
     let side = (budget / 8).max(16);
     let preauth = t.max_preauth_connections.min(side);
     let http = t.http_max_connections.min(side);
@@ -208,11 +216,11 @@ fn fit_caps_to_fds(t: &mut MillTuning, soft: u64) {
         .min(budget.saturating_sub(preauth + http).max(1));
     tracing::warn!(
         limit = soft,
-        reserve = FD_RESERVE,
+        reserve,
         max_sessions = sessions,
         max_preauth_connections = preauth,
         http_max_connections = http,
-        "the descriptor limit (ulimit -n {soft}) is below --max-sessions {} + --max-preauth-connections {} + --http-max-connections {} + {FD_RESERVE} kept for the store and logs: running with the caps cut to {sessions}, {preauth} and {http}; raise the limit to lift them",
+        "the descriptor limit (ulimit -n {soft}) is below --max-sessions {} + --max-preauth-connections {} + --http-max-connections {} + {reserve} kept for the store and logs: running with the caps cut to {sessions}, {preauth} and {http}; raise the limit to lift them",
         t.max_sessions, t.max_preauth_connections, t.http_max_connections
     );
     t.max_sessions = sessions;
@@ -327,10 +335,10 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         .map_err(io(format!("address file {}", addr_file.display())))?;
 
     let mut tasks = Vec::new();
-    let fds = net::FdBudget::new(fd_limit, FD_RESERVE);
+    let fds = net::FdBudget::new(fd_limit, fd_reserve(fd_limit));
     tracing::info!(
         fd_limit,
-        reserve = FD_RESERVE,
+        reserve = fd_reserve(fd_limit),
         connections = fds.max(),
         "descriptor budget for accepted connections"
     );
@@ -468,7 +476,7 @@ async fn accept_loop(
         let Some(fd) = fds.take() else {
             drop(stream);
             preauth.refused_for_fds(format!(
-                "{peer}: {} connections hold every descriptor but the {FD_RESERVE} kept for the store and logs",
+                "{peer}: {} connections hold every descriptor but those kept for the store and logs",
                 fds.max()
             ));
             continue;
