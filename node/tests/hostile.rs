@@ -735,12 +735,13 @@ fn a_low_descriptor_limit_cuts_the_caps_and_a_flood_cannot_starve_the_store() {
         0,
     );
     let pid = mill.proc.pid();
-    wait_for("the caps to be cut", || {
-        mill.proc
-            .logs()
-            .contains("running with the caps cut to")
-            .then_some(())
+    let cut = wait_for("the caps to be cut", || {
+        let logs = mill.proc.logs();
+        logs.lines()
+            .find(|l| l.contains("running with the caps cut to"))
+            .map(str::to_string)
     });
+    eprintln!("descriptors: {cut}");
     let mut flood = Vec::new();
     let mut peak = 0;
     for i in 0..2_000u64 {
@@ -771,6 +772,10 @@ fn a_low_descriptor_limit_cuts_the_caps_and_a_flood_cannot_starve_the_store() {
     let (_, log) = mill.api.get_raw(&format!("/v1/jobs/{id}/log"), true);
     assert!(log.contains("stored"), "{log}");
     peak = peak.max(open_fds(pid));
+    eprintln!(
+        "descriptors: {} flood connections held, mill peak {peak} open of 300",
+        flood.len()
+    );
     assert!(peak < 300, "the mill held {peak} descriptors of 300");
     let (_, metrics) = mill.api.get_raw("/metrics", true);
     let evicted = metrics
@@ -779,6 +784,7 @@ fn a_low_descriptor_limit_cuts_the_caps_and_a_flood_cannot_starve_the_store() {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
+    eprintln!("descriptors: {evicted} pre-Hello connections evicted");
     assert!(
         evicted > 1_000,
         "the flood was evicted, not admitted: {evicted}"
