@@ -26,6 +26,7 @@ pub mod byzantine;
 pub mod checkers;
 pub mod coverage;
 pub mod driver;
+pub mod fairness;
 pub mod latency;
 pub mod liveness;
 pub mod net;

@@ -220,7 +220,7 @@ fn fcfs(
     out
 }
 
-fn fleet(n: usize) -> Vec<ExecSpec> {
+pub(crate) fn fleet(n: usize) -> Vec<ExecSpec> {
     (0..n)
         .map(|i| ExecSpec {
             name: format!("x{i}"),
@@ -239,7 +239,7 @@ fn fleet(n: usize) -> Vec<ExecSpec> {
         .collect()
 }
 
-fn job(k: usize) -> JobSpec {
+pub(crate) fn job(k: usize) -> JobSpec {
     JobSpec {
         payload: (k as u64).to_le_bytes().to_vec(),
         ..plain_spec()

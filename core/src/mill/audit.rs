@@ -1,7 +1,7 @@
 //! The mill's own check of its timer table (STYLE 13, 15): every timer watches something
 //! live, at the deadline that thing holds, and everything live that needs a deadline has one.
 //! So an ended job, lease, ask or session leaves no timer behind, and an idle mill has no
-//! deadline at all.
+//! deadline at all. The fairness indexes (M33) are checked here too.
 
 use super::{CancelPhase, Conn, Mill, Phase, Timer};
 
@@ -100,6 +100,50 @@ impl Mill {
                     missing(Timer::Teardown(*id), teardown)?;
                 }
             }
+        }
+        self.check_fairness_index()
+    }
+
+    /// M33's indexes agree with the state: each owner's lease count is its leases, and the
+    /// per-owner queues hold exactly the queue, each job under its own owner.
+    pub fn check_fairness_index(&self) -> Result<(), String> {
+        let mut leases: std::collections::BTreeMap<&str, usize> = Default::default();
+        for l in self.leases.values() {
+            *leases.entry(l.owner.as_str()).or_insert(0) += 1;
+        }
+        let counted: std::collections::BTreeMap<&str, usize> = self
+            .owner_leases
+            .iter()
+            .map(|(o, n)| (o.as_str(), *n))
+            .collect();
+        if leases != counted {
+            return Err(format!(
+                "owner lease counts {counted:?} are not the leases' owners {leases:?} (M33)"
+            ));
+        }
+        let mut queued = 0;
+        for (owner, jobs) in &self.queue_by_owner {
+            if jobs.is_empty() {
+                return Err(format!("owner {owner} has an empty queue entry (M33)"));
+            }
+            for job in jobs {
+                queued += 1;
+                let theirs = self
+                    .jobs
+                    .get(job)
+                    .is_some_and(|j| &j.spec.identity.owner == owner);
+                if !self.queue.contains(job) || !theirs {
+                    return Err(format!(
+                        "{job} in {owner}'s queue but not queued as theirs (M33)"
+                    ));
+                }
+            }
+        }
+        if queued != self.queue.len() {
+            return Err(format!(
+                "{queued} jobs in owners' queues, {} in the queue (M33)",
+                self.queue.len()
+            ));
         }
         Ok(())
     }

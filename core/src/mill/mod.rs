@@ -360,6 +360,8 @@ enum CancelPhase {
 #[derive(Debug)]
 struct Lease {
     job: JobId,
+    /// The job's owner, whose lease count M33 ranks by.
+    owner: String,
     node: NodeId,
     epoch: Epoch,
     resources: Resources,
@@ -425,6 +427,10 @@ pub struct Mill {
     /// insert and remove.
     jobs: BTreeMap<JobId, Box<Job>>,
     queue: BTreeSet<JobId>,
+    /// The queue again, by owner (M33): each owner's waiting jobs in submit order.
+    queue_by_owner: BTreeMap<String, BTreeSet<JobId>>,
+    /// Leases (reserved and running) per owner, for M33's fairness; no entry at zero.
+    owner_leases: BTreeMap<String, usize>,
     leases: BTreeMap<LeaseId, Lease>,
     node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
     /// Ask lease id → job, for asks of live bid rounds.
@@ -472,6 +478,8 @@ impl Mill {
             terminals: BTreeMap::new(),
             jobs: BTreeMap::new(),
             queue: BTreeSet::new(),
+            queue_by_owner: BTreeMap::new(),
+            owner_leases: BTreeMap::new(),
             leases: BTreeMap::new(),
             node_leases: BTreeMap::new(),
             asks: BTreeMap::new(),
@@ -771,7 +779,7 @@ impl Mill {
                 incompatible: BTreeMap::new(),
             }),
         );
-        self.queue.insert(id);
+        self.queue_insert(id);
         self.emit(MillOutput::JobUpdate {
             job: id,
             state: JobState::Queued,
@@ -795,7 +803,9 @@ impl Mill {
         };
         self.disarm(&Timer::JobTimeout(job));
         self.disarm(&Timer::QueueTimeout(job));
-        self.queue.remove(&job);
+        if self.queue.remove(&job) {
+            unqueue_owner(&mut self.queue_by_owner, &j.spec.identity.owner, job);
+        }
         if let Phase::Bidding(round) = j.phase {
             self.abandon_round(round);
         }
@@ -903,7 +913,7 @@ impl Mill {
         j.phase = Phase::Queued;
         j.queued_at = self.now;
         let persist = std::mem::replace(&mut j.persisted_beyond_queued, false);
-        self.queue.insert(job);
+        self.queue_insert(job);
         if persist {
             self.persist(MillWrite::JobState {
                 job,
@@ -935,6 +945,7 @@ impl Mill {
         let Some(l) = self.leases.remove(&lease) else {
             return;
         };
+        self.owner_lease_gone(&l.owner);
         self.disarm(&Timer::Commit(lease));
         self.disarm(&Timer::Teardown(lease));
         if let Some(set) = self.node_leases.get_mut(&l.node) {
@@ -1002,7 +1013,42 @@ impl Mill {
             .entry(lease.node.clone())
             .or_default()
             .insert(id);
-        self.leases.insert(id, lease);
+        *self.owner_leases.entry(lease.owner.clone()).or_insert(0) += 1;
+        if let Some(old) = self.leases.insert(id, lease) {
+            self.owner_lease_gone(&old.owner);
+        }
+    }
+
+    /// One lease of `owner` is gone (M33's count).
+    fn owner_lease_gone(&mut self, owner: &str) {
+        if let Some(n) = self.owner_leases.get_mut(owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.owner_leases.remove(owner);
+            }
+        }
+    }
+
+    /// Puts `job` in the queue and in its owner's queue (M33).
+    fn queue_insert(&mut self, job: JobId) {
+        if !self.queue.insert(job) {
+            return;
+        }
+        if let Some(j) = self.jobs.get(&job) {
+            self.queue_by_owner
+                .entry(j.spec.identity.owner.clone())
+                .or_default()
+                .insert(job);
+        }
+    }
+
+    /// Takes `job` out of the queue and its owner's queue (M33).
+    fn queue_remove(&mut self, job: JobId) {
+        if self.queue.remove(&job) {
+            if let Some(j) = self.jobs.get(&job) {
+                unqueue_owner(&mut self.queue_by_owner, &j.spec.identity.owner, job);
+            }
+        }
     }
 
     fn lease_record(&self, id: LeaseId) -> Option<LeaseRecord> {
@@ -1046,4 +1092,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn reason(s: impl Into<String>) -> String {
     crate::types::bounded_reason(s, MAX_REASON)
+}
+
+/// Takes `job` out of `owner`'s queue, dropping the owner when it has none left (M33).
+fn unqueue_owner(by_owner: &mut BTreeMap<String, BTreeSet<JobId>>, owner: &str, job: JobId) {
+    if let Some(set) = by_owner.get_mut(owner) {
+        set.remove(&job);
+        if set.is_empty() {
+            by_owner.remove(owner);
+        }
+    }
 }

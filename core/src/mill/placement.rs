@@ -9,6 +9,7 @@
 //! seat count changes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use super::{
     reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
@@ -322,9 +323,10 @@ impl Mill {
         self.reindex(node);
     }
 
-    /// Starts a bid for every queued job that has candidates, oldest first (M11, M12).
-    /// Classes of job (engine, labels) that found no candidate are not ranked again in the
-    /// same pass.
+    /// Starts a bid for every queued job that has candidates (M11, M12), fairly (M33): the
+    /// next job tried is the oldest of the owner with the fewest leases (reserved and
+    /// running, plus the bids this pass started), ties by submit order. Classes of job
+    /// (engine, labels) that found no candidate are not ranked again in the same pass.
     pub(super) fn place_pending(&mut self) {
         if self.queue.is_empty() {
             return;
@@ -333,57 +335,91 @@ impl Mill {
         if self.rank.is_empty() {
             return;
         }
-        let queued: Vec<JobId> = self.queue.iter().copied().collect();
+        // (load, the owner's next job, owner): the front is the next job to try.
+        let mut heads: BTreeSet<(usize, JobId, String)> = self
+            .queue_by_owner
+            .iter()
+            .filter_map(|(owner, jobs)| {
+                let first = *jobs.first()?;
+                let load = self.owner_leases.get(owner).copied().unwrap_or(0);
+                Some((load, first, owner.clone()))
+            })
+            .collect();
         let mut exhausted: Vec<(String, BTreeSet<String>)> = Vec::new();
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
-        for job in queued {
-            self.flush_index();
+        while let Some((load, job, owner)) = heads.pop_first() {
+            // The owner's next job after this one, at its load after this one.
+            let started = self.try_place(job, &mut exhausted, limit, &mut candidates);
+            let load = load + usize::from(started);
+            if let Some(next) = self
+                .queue_by_owner
+                .get(&owner)
+                .and_then(|jobs| jobs.range((Excluded(job), Unbounded)).next())
+            {
+                heads.insert((load, *next, owner));
+            }
             if self.rank.is_empty() {
                 break;
             }
-            let Some(j) = self.jobs.get(&job) else {
-                continue;
-            };
-            if j.waits_for_change == Some(self.change_seq) {
-                self.drop_rebid_hold(job);
-                continue;
-            }
-            if exhausted
-                .iter()
-                .any(|(e, l)| e == &j.spec.engine && l == &j.spec.labels)
-            {
-                self.drop_rebid_hold(job);
-                continue;
-            }
-            candidates.clear();
-            self.rank
-                .top(&j.spec.engine, &j.spec.labels, limit, &mut candidates);
-            let sessions = &self.sessions;
-            let said_never = |n: &NodeId| {
-                j.incompatible
-                    .get(n)
-                    .is_some_and(|c| sessions.get(n).and_then(|s| s.conn) == Some(*c))
-            };
-            if candidates.iter().any(|n| !said_never(n)) {
-                candidates.retain(|n| !said_never(n));
-            }
-            if candidates.is_empty() {
-                exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
-                self.drop_rebid_hold(job);
-                continue;
-            }
-            self.queue.remove(&job);
-            let round = BidRound {
-                engine: j.spec.engine.clone(),
-                candidates: std::mem::take(&mut candidates),
-                next: 0,
-                asks: BTreeMap::new(),
-                incompatible: Vec::new(),
-                soft_failure: false,
-            };
-            self.advance(job, round);
         }
+    }
+
+    /// [`Mill::place_pending`] for one queued job: starts its bid round if it has
+    /// candidates; true when it did.
+    fn try_place(
+        &mut self,
+        job: JobId,
+        exhausted: &mut Vec<(String, BTreeSet<String>)>,
+        limit: usize,
+        candidates: &mut Vec<NodeId>,
+    ) -> bool {
+        self.flush_index();
+        if self.rank.is_empty() {
+            return false;
+        }
+        let Some(j) = self.jobs.get(&job) else {
+            return false;
+        };
+        if j.waits_for_change == Some(self.change_seq) {
+            self.drop_rebid_hold(job);
+            return false;
+        }
+        if exhausted
+            .iter()
+            .any(|(e, l)| e == &j.spec.engine && l == &j.spec.labels)
+        {
+            self.drop_rebid_hold(job);
+            return false;
+        }
+        candidates.clear();
+        self.rank
+            .top(&j.spec.engine, &j.spec.labels, limit, candidates);
+        let sessions = &self.sessions;
+        let said_never = |n: &NodeId| {
+            j.incompatible
+                .get(n)
+                .is_some_and(|c| sessions.get(n).and_then(|s| s.conn) == Some(*c))
+        };
+        if candidates.iter().any(|n| !said_never(n)) {
+            candidates.retain(|n| !said_never(n));
+        }
+        if candidates.is_empty() {
+            exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
+            self.drop_rebid_hold(job);
+            return false;
+        }
+        let round = BidRound {
+            engine: j.spec.engine.clone(),
+            candidates: std::mem::take(candidates),
+            next: 0,
+            asks: BTreeMap::new(),
+            incompatible: Vec::new(),
+            soft_failure: false,
+        };
+        self.queue_remove(job);
+        self.advance(job, round);
+        true
     }
 
     /// M15, I9: a job granted quota for a re-bid that cannot start one now waits for the
@@ -754,7 +790,7 @@ impl Mill {
         };
         j.quota_held = Some(charge);
         j.waits_for_change = None;
-        self.queue.insert(job);
+        self.queue_insert(job);
         self.wake_placement();
     }
 
@@ -777,6 +813,7 @@ impl Mill {
             lease,
             Lease {
                 job,
+                owner: identity.owner.clone(),
                 node: node.clone(),
                 epoch,
                 resources: charge.clone(),

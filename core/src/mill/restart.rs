@@ -56,6 +56,11 @@ impl Mill {
                 id,
                 Lease {
                     job: record.job,
+                    owner: snap
+                        .jobs
+                        .get(&record.job)
+                        .map(|j| j.spec.identity.owner.clone())
+                        .unwrap_or_default(),
                     node: record.node,
                     epoch: record.epoch,
                     resources: record.resources,
@@ -117,7 +122,7 @@ impl Mill {
                 }),
             );
             if lease.is_none() {
-                self.queue.insert(id);
+                self.queue_insert(id);
             }
             if requeued {
                 self.persist(MillWrite::JobState {
@@ -135,6 +140,7 @@ impl Mill {
             .collect();
         for id in orphans {
             if let Some(l) = self.leases.remove(&id) {
+                self.owner_lease_gone(&l.owner);
                 if let Some(set) = self.node_leases.get_mut(&l.node) {
                     set.remove(&id);
                 }
