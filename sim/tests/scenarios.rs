@@ -360,15 +360,25 @@ fn i11_a_cancel_dropped_with_a_connection_the_executor_closed_is_not_delivered()
 #[test]
 fn i11_a_cancel_lost_in_a_crash_before_its_stop_was_durable_is_not_delivered() {
     let lines = replay_clean("crashes", 614);
-    let crashed_on_the_cancel = lines
+    // The lease (its id moves with placement order, e.g. M33's): a cancel x2 received in
+    // the step it crashed in, whose job's success the restart then collected.
+    let crashed_on: Vec<String> = lines
         .windows(2)
-        .any(|w| w[0].contains("x2   < c41 CancelAttempt l1168") && w[1].contains("x2   !! crash"));
-    let adopted = lines
-        .iter()
-        .any(|l| l.contains("x2   adopt: < exited l1168 success"));
+        .filter(|w| w[1].contains("x2   !! crash"))
+        .filter_map(|w| {
+            let (_, rest) = w[0].split_once("x2   < c")?;
+            let (_, rest) = rest.split_once(" CancelAttempt ")?;
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .collect();
+    let adopted = crashed_on.iter().any(|lease| {
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("x2   adopt: < exited {lease} success")))
+    });
     assert!(
-        crashed_on_the_cancel && adopted,
-        "crashes 614 no longer crashes x2 on the cancel's step and collects the job's success"
+        adopted,
+        "crashes 614 no longer crashes x2 on a cancel's step and collects the job's success (cancels on crash steps: {crashed_on:?})"
     );
 }
 
@@ -412,7 +422,7 @@ fn m2_a_twin_that_took_over_a_dead_node_id_is_judged_by_that_id() {
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("x3-twin < c23 ReserveSeat l111 j42")),
+            .any(|l| l.contains("x3-twin < c23 ReserveSeat")),
         "twin 7000631 no longer asks the twin under exec-3's id"
     );
 }
