@@ -25,6 +25,44 @@ fn placement_cycle(c: &mut Criterion) {
     group.finish();
 }
 
+/// M33 with a backlog (issue 13): one one-seat executor, `waiting` queued jobs from 1,000
+/// owners. Each iteration ends the running job — whose step places the next waiting job
+/// (the fairest owner's oldest) — runs it, and submits one more, so the backlog stays put.
+fn placement_backlog(c: &mut Criterion) {
+    let mut group = c.benchmark_group("placement_backlog");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(20);
+    for waiting in [1_000usize, 100_000] {
+        let mut fleet = benches::Fleet::new(1, 1);
+        let owners: Vec<String> = (0..1_000).map(|o| format!("owner-{o:04}")).collect();
+        let mut asks = Vec::new();
+        for k in 0..=waiting {
+            fleet.submit_as(&owners[k % owners.len()]);
+            asks.extend(fleet.asks());
+        }
+        let Some(&(conn, first)) = asks.first() else {
+            panic!("the first job was not asked");
+        };
+        fleet.run_ask(conn, first);
+        let mut running = first;
+        let mut k = waiting + 1;
+        group.bench_with_input(BenchmarkId::from_parameter(waiting), &waiting, |b, _| {
+            b.iter(|| {
+                fleet.finish_keeping(conn, &[running]);
+                let Some(&(c, next)) = fleet.asks().first() else {
+                    panic!("ending a job placed no waiting one");
+                };
+                fleet.run_ask(c, next);
+                running = next;
+                fleet.submit_as(&owners[k % owners.len()]);
+                k += 1;
+                black_box(next)
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One executor applying a batch of 1,000 terminal events for its running leases.
 fn event_application(c: &mut Criterion) {
     let mut group = c.benchmark_group("event_application");
@@ -78,5 +116,11 @@ fn quota_ops(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, placement_cycle, event_application, quota_ops);
+criterion_group!(
+    benches,
+    placement_cycle,
+    placement_backlog,
+    event_application,
+    quota_ops
+);
 criterion_main!(benches);

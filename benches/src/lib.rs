@@ -133,6 +133,39 @@ impl Fleet {
         job
     }
 
+    /// Submits the benches' job spec as `owner` (M33's fairness ranks owners).
+    pub fn submit_as(&mut self, owner: &str) -> JobId {
+        let mut spec = job_spec();
+        spec.identity.owner = owner.to_string();
+        spec.identity.repo = format!("{owner}/app");
+        let job = must(self.mill.submit(self.now, spec, 0), "submit");
+        self.collect();
+        job
+    }
+
+    /// The asks (`ReserveSeat`) of the last step, with their connections.
+    pub fn asks(&self) -> Vec<(ConnId, LeaseId)> {
+        self.sends()
+            .into_iter()
+            .filter_map(|(c, m)| match m {
+                ToExecutor::ReserveSeat { lease, .. } => Some((c, lease)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Accepts `lease` on `conn` and answers its commit: the job runs.
+    pub fn run_ask(&mut self, conn: ConnId, lease: LeaseId) {
+        self.msg(conn, accept(lease));
+        self.msg(
+            conn,
+            ToMill::CommitResult {
+                lease,
+                committed: true,
+            },
+        );
+    }
+
     /// Drops the last step's outputs and collects this step's.
     fn collect(&mut self) {
         self.consume();
@@ -238,6 +271,25 @@ impl Fleet {
             },
         );
         self.consume();
+    }
+
+    /// [`Fleet::finish`], keeping the step's outputs for [`Fleet::asks`].
+    pub fn finish_keeping(&mut self, conn: ConnId, leases: &[LeaseId]) {
+        let next = self.seqnos.entry(conn).or_insert(0);
+        let events = leases
+            .iter()
+            .map(|lease| {
+                *next += 1;
+                success(Seqno(*next), *lease)
+            })
+            .collect();
+        self.msg(
+            conn,
+            ToMill::EventBatch {
+                epoch: Epoch(1),
+                events,
+            },
+        );
     }
 
     /// Moves the clock (no deadlines are due in these benches' windows).

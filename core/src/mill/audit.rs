@@ -104,45 +104,47 @@ impl Mill {
         self.check_fairness_index()
     }
 
-    /// M33's indexes agree with the state: each owner's lease count is its leases, and the
-    /// per-owner queues hold exactly the queue, each job under its own owner.
+    /// M33's indexes agree with the state: each owner's job count is its jobs, its queued
+    /// set is its part of the queue, and `fair` holds exactly one entry per owner with a
+    /// queued job, at its load and oldest queued job.
     pub fn check_fairness_index(&self) -> Result<(), String> {
-        let mut leases: std::collections::BTreeMap<&str, usize> = Default::default();
-        for l in self.leases.values() {
-            *leases.entry(l.owner.as_str()).or_insert(0) += 1;
+        use std::collections::{BTreeMap, BTreeSet};
+        let mut jobs: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut queued: BTreeMap<&str, BTreeSet<super::JobId>> = BTreeMap::new();
+        for (id, j) in &self.jobs {
+            let owner = j.spec.identity.owner.as_str();
+            *jobs.entry(owner).or_insert(0) += 1;
+            if self.queue.contains(id) {
+                queued.entry(owner).or_default().insert(*id);
+            }
         }
-        let counted: std::collections::BTreeMap<&str, usize> = self
-            .owner_leases
-            .iter()
-            .map(|(o, n)| (o.as_str(), *n))
-            .collect();
-        if leases != counted {
+        if self.owners.len() != jobs.len() {
             return Err(format!(
-                "owner lease counts {counted:?} are not the leases' owners {leases:?} (M33)"
+                "{} owners indexed, {} own jobs (M33)",
+                self.owners.len(),
+                jobs.len()
             ));
         }
-        let mut queued = 0;
-        for (owner, jobs) in &self.queue_by_owner {
-            if jobs.is_empty() {
-                return Err(format!("owner {owner} has an empty queue entry (M33)"));
+        let mut fair = BTreeSet::new();
+        for (owner, o) in &self.owners {
+            let want_jobs = jobs.get(&**owner).copied().unwrap_or(0);
+            let want_queued = queued.remove(&**owner).unwrap_or_default();
+            if o.jobs != want_jobs || o.queued != want_queued {
+                return Err(format!(
+                    "owner {owner}: indexed {} jobs, {} queued; holds {want_jobs}, {} queued (M33)",
+                    o.jobs,
+                    o.queued.len(),
+                    want_queued.len()
+                ));
             }
-            for job in jobs {
-                queued += 1;
-                let theirs = self
-                    .jobs
-                    .get(job)
-                    .is_some_and(|j| &j.spec.identity.owner == owner);
-                if !self.queue.contains(job) || !theirs {
-                    return Err(format!(
-                        "{job} in {owner}'s queue but not queued as theirs (M33)"
-                    ));
-                }
+            if let Some(first) = o.queued.first() {
+                fair.insert((o.load(), *first, owner.clone()));
             }
         }
-        if queued != self.queue.len() {
+        if fair != self.fair {
             return Err(format!(
-                "{queued} jobs in owners' queues, {} in the queue (M33)",
-                self.queue.len()
+                "M33's order {:?} is not the owners' {fair:?}",
+                self.fair
             ));
         }
         Ok(())

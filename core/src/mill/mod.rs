@@ -25,6 +25,7 @@ mod tests;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use config::{ConfigError, MillConfig};
@@ -360,8 +361,6 @@ enum CancelPhase {
 #[derive(Debug)]
 struct Lease {
     job: JobId,
-    /// The job's owner, whose lease count M33 ranks by.
-    owner: String,
     node: NodeId,
     epoch: Epoch,
     resources: Resources,
@@ -427,10 +426,12 @@ pub struct Mill {
     /// insert and remove.
     jobs: BTreeMap<JobId, Box<Job>>,
     queue: BTreeSet<JobId>,
-    /// The queue again, by owner (M33): each owner's waiting jobs in submit order.
-    queue_by_owner: BTreeMap<String, BTreeSet<JobId>>,
-    /// Leases (reserved and running) per owner, for M33's fairness; no entry at zero.
-    owner_leases: BTreeMap<String, usize>,
+    /// Per owner with a job: its jobs and, in submit order, those of them queued (M33).
+    owners: BTreeMap<Arc<str>, OwnerJobs>,
+    /// M33's order: one entry per owner with a queued job, (its load — jobs bidding,
+    /// waiting for quota or leased —, its oldest queued job, the owner). The first entry's
+    /// job is the next to try.
+    fair: BTreeSet<(usize, JobId, Arc<str>)>,
     leases: BTreeMap<LeaseId, Lease>,
     node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
     /// Ask lease id → job, for asks of live bid rounds.
@@ -478,8 +479,8 @@ impl Mill {
             terminals: BTreeMap::new(),
             jobs: BTreeMap::new(),
             queue: BTreeSet::new(),
-            queue_by_owner: BTreeMap::new(),
-            owner_leases: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            fair: BTreeSet::new(),
             leases: BTreeMap::new(),
             node_leases: BTreeMap::new(),
             asks: BTreeMap::new(),
@@ -779,6 +780,7 @@ impl Mill {
                 incompatible: BTreeMap::new(),
             }),
         );
+        self.owner_job_added(id);
         self.queue_insert(id);
         self.emit(MillOutput::JobUpdate {
             job: id,
@@ -803,9 +805,17 @@ impl Mill {
         };
         self.disarm(&Timer::JobTimeout(job));
         self.disarm(&Timer::QueueTimeout(job));
-        if self.queue.remove(&job) {
-            unqueue_owner(&mut self.queue_by_owner, &j.spec.identity.owner, job);
+        let owner = j.spec.identity.owner.as_str();
+        self.fair_out(owner);
+        if let Some(o) = self.owners.get_mut(owner) {
+            o.queued.remove(&job);
+            o.jobs = o.jobs.saturating_sub(1);
+            if o.jobs == 0 {
+                self.owners.remove(owner);
+            }
         }
+        self.fair_in(owner);
+        self.queue.remove(&job);
         if let Phase::Bidding(round) = j.phase {
             self.abandon_round(round);
         }
@@ -945,7 +955,6 @@ impl Mill {
         let Some(l) = self.leases.remove(&lease) else {
             return;
         };
-        self.owner_lease_gone(&l.owner);
         self.disarm(&Timer::Commit(lease));
         self.disarm(&Timer::Teardown(lease));
         if let Some(set) = self.node_leases.get_mut(&l.node) {
@@ -1013,18 +1022,45 @@ impl Mill {
             .entry(lease.node.clone())
             .or_default()
             .insert(id);
-        *self.owner_leases.entry(lease.owner.clone()).or_insert(0) += 1;
-        if let Some(old) = self.leases.insert(id, lease) {
-            self.owner_lease_gone(&old.owner);
+        self.leases.insert(id, lease);
+    }
+
+    /// `job`, just put in `jobs`, counts for its owner (M33).
+    fn owner_job_added(&mut self, job: JobId) {
+        let Some(owner) = self.jobs.get(&job).map(|j| j.spec.identity.owner.clone()) else {
+            return;
+        };
+        self.fair_out(&owner);
+        match self.owners.get_mut(owner.as_str()) {
+            Some(o) => o.jobs += 1,
+            None => {
+                self.owners.insert(
+                    Arc::from(owner.as_str()),
+                    OwnerJobs {
+                        jobs: 1,
+                        queued: BTreeSet::new(),
+                    },
+                );
+            }
+        }
+        self.fair_in(&owner);
+    }
+
+    /// Takes `owner`'s entry out of M33's order (before its counts change).
+    fn fair_out(&mut self, owner: &str) {
+        if let Some((name, o)) = self.owners.get_key_value(owner) {
+            if let Some(first) = o.queued.first() {
+                let key = (o.load(), *first, name.clone());
+                self.fair.remove(&key);
+            }
         }
     }
 
-    /// One lease of `owner` is gone (M33's count).
-    fn owner_lease_gone(&mut self, owner: &str) {
-        if let Some(n) = self.owner_leases.get_mut(owner) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.owner_leases.remove(owner);
+    /// Puts `owner`'s entry back in M33's order (after its counts changed).
+    fn fair_in(&mut self, owner: &str) {
+        if let Some((name, o)) = self.owners.get_key_value(owner) {
+            if let Some(first) = o.queued.first() {
+                self.fair.insert((o.load(), *first, name.clone()));
             }
         }
     }
@@ -1034,21 +1070,29 @@ impl Mill {
         if !self.queue.insert(job) {
             return;
         }
-        if let Some(j) = self.jobs.get(&job) {
-            self.queue_by_owner
-                .entry(j.spec.identity.owner.clone())
-                .or_default()
-                .insert(job);
-        }
+        self.owner_queue(job, true);
     }
 
     /// Takes `job` out of the queue and its owner's queue (M33).
     fn queue_remove(&mut self, job: JobId) {
         if self.queue.remove(&job) {
-            if let Some(j) = self.jobs.get(&job) {
-                unqueue_owner(&mut self.queue_by_owner, &j.spec.identity.owner, job);
+            self.owner_queue(job, false);
+        }
+    }
+
+    fn owner_queue(&mut self, job: JobId, queued: bool) {
+        let Some(owner) = self.jobs.get(&job).map(|j| j.spec.identity.owner.clone()) else {
+            return;
+        };
+        self.fair_out(&owner);
+        if let Some(o) = self.owners.get_mut(owner.as_str()) {
+            if queued {
+                o.queued.insert(job);
+            } else {
+                o.queued.remove(&job);
             }
         }
+        self.fair_in(&owner);
     }
 
     fn lease_record(&self, id: LeaseId) -> Option<LeaseRecord> {
@@ -1094,12 +1138,18 @@ fn reason(s: impl Into<String>) -> String {
     crate::types::bounded_reason(s, MAX_REASON)
 }
 
-/// Takes `job` out of `owner`'s queue, dropping the owner when it has none left (M33).
-fn unqueue_owner(by_owner: &mut BTreeMap<String, BTreeSet<JobId>>, owner: &str, job: JobId) {
-    if let Some(set) = by_owner.get_mut(owner) {
-        set.remove(&job);
-        if set.is_empty() {
-            by_owner.remove(owner);
-        }
+/// One owner's jobs, for M33.
+#[derive(Debug, Default)]
+struct OwnerJobs {
+    /// Its jobs the mill holds (not ended).
+    jobs: usize,
+    /// Those of them queued, in submit order.
+    queued: BTreeSet<JobId>,
+}
+
+impl OwnerJobs {
+    /// Its jobs bidding, waiting for quota or leased: what M33 ranks owners by.
+    fn load(&self) -> usize {
+        self.jobs.saturating_sub(self.queued.len())
     }
 }

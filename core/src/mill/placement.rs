@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound::{Excluded, Unbounded};
+use std::sync::Arc;
 
 use super::{
     reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
@@ -323,10 +324,12 @@ impl Mill {
         self.reindex(node);
     }
 
-    /// Starts a bid for every queued job that has candidates (M11, M12), fairly (M33): the
-    /// next job tried is the oldest of the owner with the fewest leases (reserved and
-    /// running, plus the bids this pass started), ties by submit order. Classes of job
-    /// (engine, labels) that found no candidate are not ranked again in the same pass.
+    /// Starts a bid for every queued job that has candidates (M11, M12), fairly (M33): owners
+    /// are taken in `fair`'s order — fewest jobs bidding, waiting for quota or leased, then
+    /// oldest queued job — and an owner whose job starts a bid moves back by one. Within an
+    /// owner, a job that cannot be placed now does not hide the owner's later jobs. Classes of
+    /// job (engine, labels) that found no candidate are not ranked again in the same pass.
+    /// Each owner tried costs O(log owners), however long the queue.
     pub(super) fn place_pending(&mut self) {
         if self.queue.is_empty() {
             return;
@@ -335,29 +338,34 @@ impl Mill {
         if self.rank.is_empty() {
             return;
         }
-        // (load, the owner's next job, owner): the front is the next job to try.
-        let mut heads: BTreeSet<(usize, JobId, String)> = self
-            .queue_by_owner
-            .iter()
-            .filter_map(|(owner, jobs)| {
-                let first = *jobs.first()?;
-                let load = self.owner_leases.get(owner).copied().unwrap_or(0);
-                Some((load, first, owner.clone()))
-            })
-            .collect();
         let mut exhausted: Vec<(String, BTreeSet<String>)> = Vec::new();
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
-        while let Some((load, job, owner)) = heads.pop_first() {
-            // The owner's next job after this one, at its load after this one.
-            let started = self.try_place(job, &mut exhausted, limit, &mut candidates);
-            let load = load + usize::from(started);
-            if let Some(next) = self
-                .queue_by_owner
-                .get(&owner)
-                .and_then(|jobs| jobs.range((Excluded(job), Unbounded)).next())
-            {
-                heads.insert((load, *next, owner));
+        let mut cursor: Option<(usize, JobId, Arc<str>)> = None;
+        loop {
+            let next = match &cursor {
+                None => self.fair.first().cloned(),
+                Some(c) => self
+                    .fair
+                    .range((Excluded(c.clone()), Unbounded))
+                    .next()
+                    .cloned(),
+            };
+            let Some(key) = next else { break };
+            let (_, first, owner) = key.clone();
+            cursor = Some(key);
+            let mut at = Some(first);
+            while let Some(job) = at {
+                if self.try_place(job, &mut exhausted, limit, &mut candidates) {
+                    break;
+                }
+                if self.rank.is_empty() {
+                    return;
+                }
+                at = self
+                    .owners
+                    .get(&*owner)
+                    .and_then(|o| o.queued.range((Excluded(job), Unbounded)).next().copied());
             }
             if self.rank.is_empty() {
                 break;
@@ -813,7 +821,6 @@ impl Mill {
             lease,
             Lease {
                 job,
-                owner: identity.owner.clone(),
                 node: node.clone(),
                 epoch,
                 resources: charge.clone(),

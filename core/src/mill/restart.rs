@@ -56,11 +56,6 @@ impl Mill {
                 id,
                 Lease {
                     job: record.job,
-                    owner: snap
-                        .jobs
-                        .get(&record.job)
-                        .map(|j| j.spec.identity.owner.clone())
-                        .unwrap_or_default(),
                     node: record.node,
                     epoch: record.epoch,
                     resources: record.resources,
@@ -121,6 +116,7 @@ impl Mill {
                     incompatible: std::collections::BTreeMap::new(),
                 }),
             );
+            self.owner_job_added(id);
             if lease.is_none() {
                 self.queue_insert(id);
             }
@@ -140,7 +136,6 @@ impl Mill {
             .collect();
         for id in orphans {
             if let Some(l) = self.leases.remove(&id) {
-                self.owner_lease_gone(&l.owner);
                 if let Some(set) = self.node_leases.get_mut(&l.node) {
                     set.remove(&id);
                 }
