@@ -1872,7 +1872,10 @@ fn e15_live_log_chunks_carry_their_offsets() {
 fn e15_bytes_dropped_while_cut_off_leave_a_hole_not_a_marker() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
-    assert_eq!(live_chunks(&h.feed(job_log(0, b"seen "))), [(0, b"seen ".to_vec())]);
+    assert_eq!(
+        live_chunks(&h.feed(job_log(0, b"seen "))),
+        [(0, b"seen ".to_vec())]
+    );
     h.disconnect();
     assert!(h.feed(job_log(5, b"lost ")).is_empty());
     h.until_deadline();
