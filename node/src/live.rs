@@ -531,13 +531,23 @@ mod tests {
             l.append(job, at, Bytes::from(bytes));
             end[j] = end[j].max(at + len);
             assert!(l.held() <= 50);
-            let (got, gaps) = drain(&l, job, 0, 7);
-            let lost: u64 = gaps.iter().map(|g| g.lost).sum();
-            assert_eq!(
-                got.len() as u64 + lost,
-                end[j],
-                "bytes + gaps cover every offset"
-            );
+            // Read it all: every byte is the one written at its offset, and bytes + gaps
+            // cover every offset up to the end.
+            let (mut cursor, mut covered) = (0u64, 0u64);
+            loop {
+                let p = l.read(job, cursor, 7).unwrap();
+                let from = p.gap.map_or(cursor, |g| g.to);
+                covered += p.gap.map_or(0, |g| g.lost) + p.bytes.len() as u64;
+                for (i, &b) in p.bytes.iter().enumerate() {
+                    let at = from + i as u64;
+                    assert_eq!(u64::from(b), at % 251, "byte at {at}");
+                }
+                if p.next == cursor {
+                    break;
+                }
+                cursor = p.next;
+            }
+            assert_eq!(covered, end[j], "bytes + gaps cover every offset");
         }
     }
 

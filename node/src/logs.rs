@@ -246,8 +246,8 @@ impl Writer {
         }
         let at = o.base.saturating_add(offset);
         let len = bytes.len() as u64;
-        if at.saturating_add(len) <= o.end && !(len == 0 && at > o.end) {
-            return; // already accounted for
+        if at.saturating_add(len) <= o.end {
+            return; // already accounted for (an end mark inside the known output, too)
         }
         let mut bytes = Bytes::from(bytes);
         let at = if at < o.end {
@@ -439,4 +439,72 @@ pub fn spawn_writer(
             }
         })?;
     Ok((tx, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::LiveLimits;
+
+    fn writer(dir: &Path) -> Writer {
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        Writer {
+            data: dir.to_path_buf(),
+            open: BTreeMap::new(),
+            live: Arc::new(Mutex::new(LiveLogs::new(LiveLimits::default()))),
+        }
+    }
+
+    /// Every piece of `job`'s stored log from 0: (gap, bytes) in order.
+    fn pieces(dir: &Path, job: JobId) -> Vec<(Option<Gap>, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let p = read_stored(dir, job, cursor, 1024, true).unwrap();
+            if p.gap.is_some() || !p.bytes.is_empty() {
+                out.push((p.gap, p.bytes.to_vec()));
+            }
+            if p.done {
+                return out;
+            }
+            assert_ne!(p.next, cursor, "a read that is not done moves on");
+            cursor = p.next;
+        }
+    }
+
+    #[test]
+    fn e15_holes_are_gaps_in_the_stored_log_and_attempts_follow_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = JobId(9);
+        let mut w = writer(dir.path());
+        w.append(job, LeaseId(1), 0, b"abc".to_vec());
+        w.append(job, LeaseId(1), 6, b"ghi".to_vec());
+        w.append(job, LeaseId(1), 2, b"cd".to_vec()); // overlap: only nothing new
+        w.append(job, LeaseId(1), 12, Vec::new()); // end mark: a trailing hole
+        w.append(job, LeaseId(2), 0, b"retry".to_vec()); // the next attempt, from 12
+        w.done(job);
+        let dropped = |from, to| Some(Gap::new(from, to, GapReason::Dropped));
+        assert_eq!(
+            pieces(dir.path(), job),
+            [
+                (None, b"abc".to_vec()),
+                (dropped(3, 6), b"ghi".to_vec()),
+                (dropped(9, 12), b"retry".to_vec()),
+            ]
+        );
+        // A new writer (a restarted mill) reads the index back: same attempt, same base.
+        let mut w = writer(dir.path());
+        w.append(job, LeaseId(2), 5, b"!".to_vec());
+        assert_eq!(
+            read_stored(dir.path(), job, 17, 10, false).unwrap().bytes[..],
+            b"!"[..]
+        );
+        assert!(matches!(
+            read_stored(dir.path(), job, 99, 10, true),
+            Err(ReadError::PastEnd {
+                cursor: 99,
+                end: 18
+            })
+        ));
+    }
 }

@@ -281,3 +281,53 @@ fn e15_bytes_over_the_executors_budget_are_dropped_gaps_never_continuity() {
         "{text:.300}"
     );
 }
+
+/// E15 with E14: output a job writes while its executor is down never reaches the mill; the
+/// re-attached supervisor's next chunk says where it starts, so readers see exactly those
+/// bytes as a dropped gap, and what follows sits at its true offset.
+#[test]
+fn e15_output_written_while_the_executor_was_down_is_a_dropped_gap_of_its_exact_size() {
+    let root = tempfile::tempdir().unwrap();
+    let (mill, mut exec) = start(root.path(), &[], &[]);
+    let api = &mill.api;
+    let (gate1, gate2) = (root.path().join("gate1"), root.path().join("gate2"));
+    let cmd = format!(
+        "echo before; while [ ! -e {g1} ]; do sleep 0.05; done; echo while-down; \
+         while [ ! -e {g2} ]; do sleep 0.05; done; echo after",
+        g1 = gate1.display(),
+        g2 = gate2.display()
+    );
+    let job = api.submit(&json!({ "command": cmd }));
+    wait_for("the first line at the mill", || {
+        (read(api, job, 0, 1).end >= 7).then_some(())
+    });
+    exec.kill9();
+    std::fs::write(&gate1, b"").unwrap();
+    // The job writes its second line to the executor's log with no executor attached.
+    let logs = root.path().join("x1/logs");
+    wait_for("the second line in the executor's log", || {
+        let dir = std::fs::read_dir(&logs).ok()?;
+        dir.filter_map(Result::ok)
+            .any(|e| std::fs::read(e.path()).is_ok_and(|b| b == b"before\nwhile-down\n"))
+            .then_some(())
+    });
+    let _exec = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "x1",
+        2,
+        &mill.data.join("token"),
+        &timing("5s", "2s"),
+    );
+    wait_for("x1 ready again", || mill.api.ready("x1").then_some(()));
+    std::fs::write(&gate2, b"").unwrap();
+    assert_eq!(api.wait_done(job)["state"], "success");
+    let mut seen = Seen::default();
+    follow(api, job, 0, &mut seen);
+    seen.accounts_for(b"before\nwhile-down\nafter\n");
+    assert_eq!(
+        seen.gaps,
+        [(7, 18, 11, "dropped".to_string())],
+        "exactly `while-down\\n` is lost"
+    );
+}
