@@ -509,6 +509,7 @@ mod tests {
             ToMill::CancelAck { lease: LeaseId(11) },
             ToMill::LiveLog {
                 lease: LeaseId(12),
+                offset: 1 << 40,
                 bytes: (0..=255).collect(),
             },
         ]
@@ -652,6 +653,7 @@ mod tests {
         assert_eq!(out, [0xAA, 0, 0, 0, 2, 5, 3]);
         let huge = ToMill::LiveLog {
             lease: LeaseId(1),
+            offset: 0,
             bytes: vec![0; MAX_FRAME],
         };
         assert!(matches!(
@@ -665,6 +667,7 @@ mod tests {
     fn encoding_an_oversized_message_is_too_large() {
         let msg = ToMill::LiveLog {
             lease: LeaseId(1),
+            offset: 0,
             bytes: vec![7; MAX_FRAME + 1],
         };
         match encode(&msg) {
@@ -678,10 +681,11 @@ mod tests {
 
     #[test]
     fn a_body_of_exactly_max_frame_is_accepted() {
-        // LiveLog: tag (1) + lease varint (1) + length varint (3) + bytes.
+        // LiveLog: tag (1) + lease varint (1) + offset varint (1) + length varint (3) + bytes.
         let msg = ToMill::LiveLog {
             lease: LeaseId(1),
-            bytes: vec![7; MAX_FRAME - 5],
+            offset: 0,
+            bytes: vec![7; MAX_FRAME - 6],
         };
         let bytes = frame(&msg);
         assert_eq!(bytes.len(), PREFIX_LEN + MAX_FRAME);
@@ -748,7 +752,8 @@ mod tests {
     fn a_draining_driver_can_push_a_whole_frame_on_top_of_an_incomplete_one() {
         let big = frame(&ToMill::LiveLog {
             lease: LeaseId(1),
-            bytes: vec![7; MAX_FRAME - 5],
+            offset: 0,
+            bytes: vec![7; MAX_FRAME - 6],
         });
         let mut stream = big.clone();
         stream.extend_from_slice(&big);

@@ -15,8 +15,9 @@ use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 
 /// The protocol version this build speaks. 2: a terminal event carries its [`EndCause`].
 /// 3: `Welcome` carries the mill's [`SessionTimers`] (M1, M9, E12: the timers of a session
-/// agree by construction).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// agree by construction). 4: `LiveLog` carries the offset of its first byte in the lease's
+/// output (E15: a reader sees bytes that never arrived as a gap, never as continuity).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -161,10 +162,14 @@ pub enum ToMill {
         /// The lease.
         lease: LeaseId,
     },
-    /// Best-effort log bytes, not sequenced.
+    /// Best-effort log bytes, not sequenced (E15). Chunks may be missing; `offset` says
+    /// where each one sits, so the mill counts what it never got instead of splicing.
     LiveLog {
         /// The lease.
         lease: LeaseId,
+        /// Position of the first byte in the lease's output (its log file on the executor).
+        /// An empty chunk marks the end of the output (sent when the job ends).
+        offset: u64,
         /// Raw bytes.
         bytes: Vec<u8>,
     },

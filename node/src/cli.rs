@@ -47,6 +47,8 @@ pub enum Cmd {
     Cancel(JobArgs),
     /// List jobs.
     Jobs(JobsArgs),
+    /// Print a job's output: `millrace logs [-f] JOB` (E15: lost bytes show as a marker line).
+    Logs(LogsArgs),
     /// List executors.
     Nodes(ClientArgs),
     /// Manage quarantined executors.
@@ -78,6 +80,29 @@ pub enum QuarantineCmd {
 
 fn dur(s: &str) -> Result<Duration, String> {
     parse_duration(s)
+}
+
+/// A byte size: a number, optionally with `KiB`, `MiB` or `GiB` (also `K`, `M`, `G`).
+pub fn size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number of bytes, e.g. 65536 or 1MiB"))?;
+    let mult: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use KiB, MiB or GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 /// The default data directory: `$XDG_DATA_HOME/millrace` or `~/.local/share/millrace`.
@@ -194,6 +219,15 @@ pub struct MillTuning {
     /// limit by count, only by age (--retention).
     #[arg(long, env = "MILLRACE_RETENTION_COUNT")]
     pub retention_count: Option<u64>,
+    /// Live output the mill holds per running job for cursor reads (E15); older bytes are
+    /// evicted and a reader below them gets an explicit gap. The stored log is not affected.
+    /// Bytes, or with KiB/MiB/GiB.
+    #[arg(long, env = "MILLRACE_LIVE_LOG_PER_JOB", default_value = "1MiB", value_parser = size, help_heading = "Advanced")]
+    pub live_log_per_job: usize,
+    /// Live output the mill holds across all jobs (E15); beyond it the oldest chunk of any
+    /// job is evicted first.
+    #[arg(long, env = "MILLRACE_LIVE_LOG_TOTAL", default_value = "64MiB", value_parser = size, help_heading = "Advanced")]
+    pub live_log_total: usize,
 }
 
 impl MillTuning {
@@ -244,6 +278,12 @@ impl MillTuning {
                 self.http_max_connections
             ));
         }
+        if self.live_log_per_job == 0 || self.live_log_per_job > self.live_log_total {
+            return Err(format!(
+                "--live-log-per-job {}: must be 1 byte to --live-log-total ({})",
+                self.live_log_per_job, self.live_log_total
+            ));
+        }
         Ok(())
     }
 }
@@ -269,6 +309,8 @@ impl Default for MillTuning {
             max_job_timeout: Duration::from_secs(7 * 86_400),
             retention: Duration::from_secs(30 * 86_400),
             retention_count: None,
+            live_log_per_job: crate::live::DEFAULT_PER_JOB,
+            live_log_total: crate::live::DEFAULT_TOTAL,
         }
     }
 }
@@ -295,6 +337,11 @@ pub struct ExecTuning {
     /// cannot read the executor's data directory, its credential or its processes.
     #[arg(long, env = "MILLRACE_RUN_AS")]
     pub run_as: Option<String>,
+    /// Live output forwarded to the mill per snapshot interval, across jobs; beyond it bytes
+    /// are not forwarded and readers see them as a gap (E15). The job's log on this executor
+    /// is whole either way. 0 turns live output off.
+    #[arg(long, env = "MILLRACE_LIVE_LOG_BUDGET", default_value = "1MiB", value_parser = size, help_heading = "Advanced")]
+    pub live_log_budget: usize,
 }
 
 /// `millrace mill`.
@@ -512,6 +559,22 @@ pub struct SubmitArgs {
 pub struct JobArgs {
     /// The job id.
     pub job: String,
+    /// Server and token.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `millrace logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The job id.
+    pub job: String,
+    /// Follow by cursor until the job is done.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Start at this byte offset of the job's output.
+    #[arg(long, default_value_t = 0)]
+    pub cursor: u64,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,

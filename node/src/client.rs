@@ -1,12 +1,12 @@
 //! The HTTP API's command-line clients: submit, status, cancel, jobs, nodes, quarantine lift.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{ClientArgs, JobArgs, JobsArgs, SubmitArgs};
+use crate::cli::{ClientArgs, JobArgs, JobsArgs, LogsArgs, SubmitArgs};
 
 /// A failed client command; the message is for the user.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,6 @@ pub struct Client {
     base: String,
     auth: String,
     agent: ureq::Agent,
-    stream_agent: ureq::Agent,
 }
 
 /// The base URL for `--server` and whether TLS is on: `https://…` needs `--tls-ca`, and
@@ -109,12 +108,6 @@ impl Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
-            .tls_config(tls.clone())
-            .build()
-            .into();
-        let stream_agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)))
             .tls_config(tls)
             .build()
             .into();
@@ -122,7 +115,6 @@ impl Client {
             base: server.trim_end_matches('/').to_string(),
             auth: format!("Bearer {token}"),
             agent,
-            stream_agent,
         }
     }
 
@@ -177,30 +169,96 @@ impl Client {
         self.answer(r)
     }
 
-    /// Streams a job's log to `out` until the job ends.
-    pub fn follow_log(&self, job: u64, out: &mut dyn Write) -> Result<(), ClientError> {
-        let mut resp = self
-            .stream_agent
-            .get(self.url(&format!("/v1/jobs/{job}/log")))
-            .header("Authorization", &self.auth)
-            .call()
-            .map_err(|e| self.unreachable(&e))?;
-        if resp.status().as_u16() != 200 {
-            return Err(ClientError(format!("log: HTTP {}", resp.status())));
+    /// E15: one cursor read of a job's output, waiting up to `wait_secs` for bytes.
+    pub fn read_log(&self, job: u64, cursor: u64, wait_secs: u64) -> Result<LogPiece, ClientError> {
+        let (status, v) = self.get(&format!(
+            "/v1/jobs/{job}/log?cursor={cursor}&wait={wait_secs}"
+        ))?;
+        if status != 200 {
+            return Err(fail(status, &v));
         }
-        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
-        let mut buf = [0u8; 16 * 1024];
+        LogPiece::from_json(&v)
+    }
+
+    /// E15: prints a job's output from `cursor` to `out`, a marker line for each gap; with
+    /// `follow`, until the job is done, else until caught up. Returns the last cursor.
+    pub fn print_log(
+        &self,
+        job: u64,
+        mut cursor: u64,
+        follow: bool,
+        out: &mut dyn Write,
+    ) -> Result<u64, ClientError> {
         loop {
-            let n = reader
-                .read(&mut buf)
-                .map_err(|e| ClientError(format!("log stream: {e}")))?;
-            if n == 0 {
-                return Ok(());
+            let p = self.read_log(job, cursor, if follow { FOLLOW_WAIT_SECS } else { 0 })?;
+            let write = |out: &mut dyn Write, b: &[u8]| {
+                out.write_all(b)
+                    .and_then(|()| out.flush())
+                    .map_err(|e| ClientError(format!("writing the log: {e}")))
+            };
+            if let Some((lost, reason)) = &p.gap {
+                write(out, crate::live::gap_marker(*lost, reason).as_bytes())?;
             }
-            let _ = out.write_all(buf.get(..n).unwrap_or_default());
-            let _ = out.flush();
+            write(out, &p.bytes)?;
+            let progressed = p.next != cursor;
+            cursor = p.next;
+            if p.done || (!progressed && !follow) {
+                return Ok(cursor);
+            }
         }
     }
+}
+
+/// How long one follow read waits for bytes (the server caps it at 30 s; the client's own
+/// timeout is 30 s).
+const FOLLOW_WAIT_SECS: u64 = 10;
+
+/// One answer of `GET /v1/jobs/{id}/log?cursor=N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPiece {
+    /// Bytes lost before `bytes`, and why.
+    pub gap: Option<(u64, String)>,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The next cursor.
+    pub next: u64,
+    /// Nothing more will come.
+    pub done: bool,
+}
+
+impl LogPiece {
+    fn from_json(v: &Value) -> Result<LogPiece, ClientError> {
+        let bad = || ClientError(format!("unexpected log answer: {v}"));
+        let gap = match v.get("gap") {
+            None | Some(Value::Null) => None,
+            Some(g) => Some((
+                g.get("lost").and_then(Value::as_u64).ok_or_else(bad)?,
+                g.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("lost")
+                    .to_string(),
+            )),
+        };
+        let data = v.get("data").and_then(Value::as_str).ok_or_else(bad)?;
+        Ok(LogPiece {
+            gap,
+            bytes: crate::live::base64_decode(data).ok_or_else(bad)?,
+            next: v.get("next").and_then(Value::as_u64).ok_or_else(bad)?,
+            done: v.get("done").and_then(Value::as_bool).ok_or_else(bad)?,
+        })
+    }
+}
+
+/// `millrace logs [-f] JOB`.
+pub fn logs(args: &LogsArgs) -> Result<(), ClientError> {
+    let c = Client::new(&args.client)?;
+    let job = job_id(&args.job);
+    let job: u64 = job
+        .parse()
+        .map_err(|_| ClientError(format!("{}: not a job id", args.job)))?;
+    let mut stdout = std::io::stdout();
+    c.print_log(job, args.cursor, args.follow, &mut stdout)?;
+    Ok(())
 }
 
 fn fail(status: u16, v: &Value) -> ClientError {
@@ -248,7 +306,7 @@ pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
     }
     eprintln!("job {id} submitted; following its output");
     let mut stdout = std::io::stdout();
-    if let Err(e) = c.follow_log(id, &mut stdout) {
+    if let Err(e) = c.print_log(id, 0, true, &mut stdout) {
         eprintln!("log stream ended: {e}");
     }
     wait_done(&c, id)

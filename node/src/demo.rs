@@ -68,6 +68,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                     drain_timeout: Duration::from_secs(30),
                     job_hard_cap: None,
                     run_as: None,
+                    live_log_budget: millrace_core::executor::DEFAULT_LIVE_LOG_BUDGET,
                 },
                 tls: None,
             },

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -20,10 +20,10 @@ use millrace_core::mill::RequestError;
 use millrace_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::logs::{done_marker, job_log_path};
+use crate::live::{base64_encode, gap_marker, Gap, GapReason, LiveLogs, Piece};
+use crate::logs::{done_marker, read_stored, ReadError};
 use crate::mill_driver::{HandleError, JobEvent, MillHandle};
 use crate::mill_store::{JobRow, MillReader};
 
@@ -45,6 +45,8 @@ pub struct Api {
     pub events: broadcast::Sender<JobEvent>,
     /// The mill's data directory (job logs).
     pub data: PathBuf,
+    /// Live output buffers (E15), filled by the log writer.
+    pub live: Arc<Mutex<LiveLogs>>,
     /// The longest `timeout_secs` a job may ask for.
     pub max_job_timeout: Duration,
     /// The executor port's pre-`Hello` counters, for `/metrics`.
@@ -798,8 +800,33 @@ async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
 /// `GET /v1/jobs/{id}/log` query.
 #[derive(Debug, Deserialize)]
 pub struct LogQuery {
-    /// Follow while the job runs (default true).
+    /// Text stream: follow while the job runs (default true).
     pub follow: Option<bool>,
+    /// E15: read by cursor (a byte offset in the job's output); the answer is JSON.
+    pub cursor: Option<u64>,
+    /// Most bytes in one cursor read (default 256 KiB, at most 1 MiB).
+    pub max: Option<usize>,
+    /// Seconds a cursor read may wait for bytes when there are none yet (default 0, at most
+    /// 30): a long poll, so followers do not spin.
+    pub wait: Option<u64>,
+}
+
+/// Default and largest bytes of one cursor read.
+const READ_DEFAULT: usize = 256 * 1024;
+const READ_MAX: usize = 1 << 20;
+/// Longest long poll of a cursor read.
+const WAIT_MAX: Duration = Duration::from_secs(30);
+/// Bytes per piece of the text stream.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+/// The line the text stream and `millrace logs` print for a gap (E15).
+pub fn gap_line(g: &Gap) -> String {
+    let reason = match g.reason {
+        GapReason::Evicted => "evicted",
+        GapReason::Dropped => "dropped",
+        GapReason::Truncated => "truncated",
+    };
+    gap_marker(g.lost, reason)
 }
 
 async fn log(
@@ -813,6 +840,18 @@ async fn log(
     if exists.is_none() {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
     }
+    if let Some(cursor) = q.cursor {
+        let max = q.max.unwrap_or(READ_DEFAULT);
+        if max == 0 || max > READ_MAX {
+            return Err(ApiError::field(
+                StatusCode::BAD_REQUEST,
+                format!("max {max}: must be 1 to {READ_MAX} bytes"),
+                "max",
+            ));
+        }
+        let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(WAIT_MAX);
+        return cursor_read(&api, job, cursor, max, wait).await;
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let follow = q.follow.unwrap_or(true);
     let sub = api.events.subscribe();
@@ -821,9 +860,91 @@ async fn log(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
-/// How long a follower trusts the store's "done" before the log writer's marker appears.
-const MARKER_WAIT: Duration = Duration::from_secs(2);
+/// E15: one read at `cursor`: from the stored log once it is complete (the `.done` marker),
+/// else from the job's live buffer, else (no buffer: no output yet, or a restarted mill)
+/// from what is stored so far.
+async fn read_piece(api: &Api, job: JobId, cursor: u64, max: usize) -> Result<Piece, ApiError> {
+    let complete = tokio::fs::try_exists(done_marker(&api.data, job))
+        .await
+        .unwrap_or(false);
+    if !complete {
+        let live = api
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read(job, cursor, max);
+        if let Some(piece) = live {
+            return Ok(piece);
+        }
+    }
+    let data = api.data.clone();
+    let stored =
+        tokio::task::spawn_blocking(move || read_stored(&data, job, cursor, max, complete))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    match stored {
+        Ok(piece) => Ok(piece),
+        Err(e @ ReadError::PastEnd { .. }) => Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            e.to_string(),
+            "cursor",
+        )),
+        Err(ReadError::Io(e)) => {
+            tracing::warn!(%job, error = %e, "reading a stored job log failed");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("job log: {e}"),
+            ))
+        }
+    }
+}
 
+/// Waits (at most `wait`) for news of `job`: its log grew, or its state changed.
+async fn news(sub: &mut broadcast::Receiver<JobEvent>, job: JobId, wait: Duration) {
+    let until = async {
+        loop {
+            match sub.recv().await {
+                Ok(ev) if ev.job == job => return,
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, until).await;
+}
+
+/// The JSON answer of a cursor read: `{cursor, next, end, gap, data, len, done}`, where
+/// `data` is base64 of the bytes at `gap.to` (or `cursor`) and `next = start + len`.
+async fn cursor_read(
+    api: &Api,
+    job: JobId,
+    cursor: u64,
+    max: usize,
+    wait: Duration,
+) -> Result<Response, ApiError> {
+    let mut sub = api.events.subscribe();
+    let mut piece = read_piece(api, job, cursor, max).await?;
+    if piece.gap.is_none() && piece.bytes.is_empty() && !piece.done && !wait.is_zero() {
+        news(&mut sub, job, wait).await;
+        piece = read_piece(api, job, cursor, max).await?;
+    }
+    let body = json!({
+        "cursor": cursor,
+        "next": piece.next,
+        "end": piece.end,
+        "gap": piece.gap,
+        "data": base64_encode(&piece.bytes),
+        "len": piece.bytes.len(),
+        "done": piece.done,
+    });
+    Ok(Json(body).into_response())
+}
+
+/// The text stream: the job's output from offset 0, with a marker line for each gap
+/// ([`gap_line`]); follows until the job is done unless `follow` is false.
 async fn follow_log(
     api: Api,
     job: JobId,
@@ -831,75 +952,43 @@ async fn follow_log(
     mut sub: broadcast::Receiver<JobEvent>,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) {
-    let path = job_log_path(&api.data, job);
-    let marker = done_marker(&api.data, job);
-    let mut offset = 0u64;
-    let mut done_since: Option<Instant> = None;
+    let mut cursor = 0u64;
     loop {
-        let complete = tokio::fs::try_exists(&marker).await.unwrap_or(false);
-        match send_new(&path, &mut offset, &tx).await {
-            Ok(true) => {}
-            Ok(false) => return, // the client went away
+        let piece = match read_piece(&api, job, cursor, STREAM_CHUNK).await {
+            Ok(p) => p,
             Err(e) => {
-                let _ = tx.send(Err(e)).await;
+                let _ = tx.send(Err(std::io::Error::other(e.error))).await;
+                return;
+            }
+        };
+        if let Some(g) = &piece.gap {
+            if tx.send(Ok(Bytes::from(gap_line(g)))).await.is_err() {
                 return;
             }
         }
-        if complete || !follow {
+        let progressed = piece.next != cursor;
+        if !piece.bytes.is_empty() && tx.send(Ok(piece.bytes)).await.is_err() {
+            return; // the client went away
+        }
+        cursor = piece.next;
+        if piece.done {
             return;
         }
-        if done_since.is_none() {
-            let done = read(&api, move |r| r.job(job))
-                .await
-                .ok()
-                .flatten()
-                .is_none_or(|r| matches!(r.state, JobState::Done(_)));
-            if done {
-                done_since = Some(Instant::now());
-            }
+        if progressed {
+            continue;
         }
-        if done_since.is_some_and(|t| t.elapsed() >= MARKER_WAIT) {
-            let _ = send_new(&path, &mut offset, &tx).await;
+        if !follow {
             return;
         }
-        let wait = async {
-            loop {
-                match sub.recv().await {
-                    Ok(ev) if ev.job == job => return,
-                    Ok(_) => continue,
-                    Err(broadcast::error::RecvError::Lagged(_)) => return,
-                    Err(broadcast::error::RecvError::Closed) => {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_millis(500), wait).await;
-    }
-}
-
-/// Sends bytes of `path` past `offset`; false if the client is gone.
-async fn send_new(
-    path: &std::path::Path,
-    offset: &mut u64,
-    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
-) -> std::io::Result<bool> {
-    let mut f = match tokio::fs::File::open(path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
-    };
-    f.seek(std::io::SeekFrom::Start(*offset)).await?;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = f.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(true);
-        }
-        *offset += n as u64;
-        let chunk = Bytes::copy_from_slice(buf.get(..n).unwrap_or_default());
-        if tx.send(Ok(chunk)).await.is_err() {
-            return Ok(false);
+        // Caught up: wait for news. A job deleted meanwhile (retention) ends the stream.
+        news(&mut sub, job, Duration::from_millis(500)).await;
+        let gone = read(&api, move |r| r.job(job))
+            .await
+            .ok()
+            .flatten()
+            .is_none();
+        if gone {
+            return;
         }
     }
 }

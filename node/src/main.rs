@@ -12,6 +12,7 @@ mod demo;
 mod exec_driver;
 mod exec_store;
 mod http;
+mod live;
 mod loadgen;
 mod logs;
 mod metrics;
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
             | Cmd::Status(_)
             | Cmd::Cancel(_)
             | Cmd::Jobs(_)
+            | Cmd::Logs(_)
             | Cmd::Nodes(_)
             | Cmd::Quarantine { .. }
             | Cmd::Demo(_)
@@ -87,6 +89,7 @@ fn main() -> ExitCode {
         Cmd::Status(a) => client(client::status(&a)),
         Cmd::Cancel(a) => client(client::cancel(&a)),
         Cmd::Jobs(a) => client(client::jobs(&a)),
+        Cmd::Logs(a) => client(client::logs(&a)),
         Cmd::Nodes(a) => client(client::nodes(&a)),
         Cmd::Quarantine {
             cmd: QuarantineCmd::Lift { node, client: c },

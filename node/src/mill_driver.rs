@@ -44,6 +44,9 @@ const RETENTION_EVERY: Duration = Duration::from_secs(1);
 /// Time between retention batches while catching up (the last one was full).
 const RETENTION_CATCH_UP: Duration = Duration::from_millis(100);
 
+/// How soon `Done`s the log writer's full queue refused are offered again.
+const DONE_RETRY: Duration = Duration::from_millis(50);
+
 /// Retention (issue 11 item 7): finished jobs, their history and their logs are deleted
 /// once they ended more than `max_age` ago, or beyond the `max_count` most recent ones.
 #[derive(Debug, Clone)]
@@ -314,6 +317,10 @@ struct Driver {
     /// Jobs retention deleted whose log files the log writer has not been handed yet (its
     /// queue was full); no new batch runs until they are.
     forget_pending: Vec<JobId>,
+    /// Jobs that ended whose `Done` the log writer's full queue did not take yet: it marks
+    /// the stored log complete and frees the live buffer (E15), so it is never dropped.
+    /// Bounded by the jobs that end while the writer is a whole queue behind.
+    done_pending: Vec<JobId>,
 }
 
 /// Starts the driver thread for `mill` on `store`. It runs until [`MillCmd::Shutdown`] (or
@@ -350,6 +357,7 @@ pub fn spawn(
         retention,
         retention_due: Instant::now() + RETENTION_EVERY,
         forget_pending: Vec::new(),
+        done_pending: Vec::new(),
     };
     let handle = std::thread::Builder::new()
         .name("mill-driver".into())
@@ -378,6 +386,12 @@ impl Driver {
                 .next_deadline()
                 .map(|t| self.clock.instant_of(t))
                 .map_or(self.retention_due, |d| d.min(self.retention_due));
+            // `Done`s the log writer could not take yet are offered again soon.
+            let wake = if self.done_pending.is_empty() {
+                wake
+            } else {
+                wake.min(Instant::now() + DONE_RETRY)
+            };
             let sleep = tokio::time::sleep_until(wake.into());
             let first = tokio::select! {
                 cmd = rx.recv() => match cmd {
@@ -406,6 +420,9 @@ impl Driver {
             }
             // The step's group commit, then its sends: a shutdown waits for both.
             self.flush()?;
+            if !self.done_pending.is_empty() {
+                self.hand_over_done();
+            }
             // Between steps, never inside one: one bounded batch at a time.
             if !self.stopping && Instant::now() >= self.retention_due {
                 self.retention_batch();
@@ -503,9 +520,32 @@ impl Driver {
             };
     }
 
+    /// Hands the ended jobs' `Done`s to the log writer, in order, as far as its queue takes
+    /// them; the rest wait for the next step.
+    fn hand_over_done(&mut self) {
+        let mut handed = 0;
+        for &job in &self.done_pending {
+            match self.logs.try_send(LogMsg::Done { job }) {
+                Ok(()) => handed += 1,
+                Err(mpsc::error::TrySendError::Full(_)) => break,
+                // The writer is gone (shutting down): nobody reads the buffers any more.
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    handed = self.done_pending.len();
+                    break;
+                }
+            }
+        }
+        self.done_pending.drain(..handed);
+    }
+
     /// Hands the pending log deletions to the log writer; false if its queue is full (they
     /// stay pending, bounded by one batch).
     fn hand_over_logs(&mut self) -> bool {
+        // A job's files are deleted only behind its `Done`, or the marker would come back.
+        self.hand_over_done();
+        if !self.done_pending.is_empty() {
+            return false;
+        }
         if self.forget_pending.is_empty() {
             return true;
         }
@@ -733,7 +773,8 @@ impl Driver {
                 self.metrics.job_update(&state);
                 if let JobState::Done(t) = &state {
                     tracing::info!(%job, status = %t.status, error = ?t.error, "job ended");
-                    let _ = self.logs.try_send(LogMsg::Done { job });
+                    self.done_pending.push(job);
+                    self.hand_over_done();
                 }
                 let _ = self.events.send(JobEvent {
                     job,
@@ -741,8 +782,21 @@ impl Driver {
                     at: Instant::now(),
                 });
             }
-            MillOutput::LiveLog { job, bytes, .. } => {
-                if self.logs.try_send(LogMsg::Append { job, bytes }).is_err() {
+            MillOutput::LiveLog {
+                job,
+                lease,
+                offset,
+                bytes,
+            } => {
+                // Best effort: a chunk the writer cannot take is a hole its readers see as
+                // a gap (E15), since the next chunk says where it starts.
+                let append = LogMsg::Append {
+                    job,
+                    lease,
+                    offset,
+                    bytes,
+                };
+                if self.logs.try_send(append).is_err() {
                     self.metrics.live_log_dropped += 1;
                 }
             }

@@ -286,8 +286,15 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         max_count: opts.tuning.retention_count,
         files_deleted: Arc::new(std::sync::atomic::AtomicU64::new(0)),
     };
+    let live = Arc::new(Mutex::new(crate::live::LiveLogs::new(
+        crate::live::LiveLimits {
+            per_job: opts.tuning.live_log_per_job,
+            total: opts.tuning.live_log_total,
+        },
+    )));
     let (log_tx, logs) = crate::logs::spawn_writer(
         opts.data.clone(),
+        live.clone(),
         events.clone(),
         retention.files_deleted.clone(),
     )
@@ -362,6 +369,7 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         token: Arc::new(opts.api_token.clone()),
         events: events.clone(),
         data: opts.data.clone(),
+        live,
         max_job_timeout: opts.tuning.max_job_timeout,
         preauth,
     };
@@ -672,6 +680,7 @@ pub fn start_executor(
     config.backoff_min = opts.tuning.backoff_min;
     config.backoff_max = opts.tuning.backoff_max;
     config.stop_grace = opts.tuning.stop_grace;
+    config.live_log_budget = opts.tuning.live_log_budget;
     config.backoff_seed = crate::sqlite::random_u64().unwrap_or(0);
     config.outbox_capacity = config.outbox_capacity.max(
         usize::try_from(seats)

@@ -505,7 +505,7 @@ async fn attach(ctx: &Ctx) -> Result<(Reader, Writer, i32), String> {
             Some(FromSupervisor::Attached { pid }) => Ok((reader, writer, pid)),
             Some(FromSupervisor::Refused { reason }) => Err(format!("refused: {reason}")),
             Some(FromSupervisor::Exited) => Err("the job had ended".to_string()),
-            Some(FromSupervisor::Output(_)) => Err("output before attachment".to_string()),
+            Some(FromSupervisor::Output { .. }) => Err("output before attachment".to_string()),
             None => Err("closed before attaching".to_string()),
         }
     };
@@ -542,8 +542,8 @@ async fn relay(
                 Err(_) => contact_open = false,
             },
             frame = read_frame(&mut reader) => match frame {
-                Ok(Some(FromSupervisor::Output(bytes))) => {
-                    ctx.report(ExecutorInput::JobLog { lease, bytes }).await;
+                Ok(Some(FromSupervisor::Output { offset, bytes })) => {
+                    ctx.report(ExecutorInput::JobLog { lease, offset, bytes }).await;
                 }
                 Ok(Some(FromSupervisor::Exited)) => return Ended::Exited,
                 Ok(Some(other)) => return Ended::Closed(format!("unexpected {other:?}")),

@@ -41,7 +41,8 @@ use sha2::{Digest, Sha256};
 
 /// The supervisor protocol's version; an executor and a supervisor of different versions
 /// refuse each other (the job is then treated as lost).
-pub const PROTOCOL: u32 = 4;
+/// 5: `Output` says where its bytes start in the job's log (E15).
+pub const PROTOCOL: u32 = 5;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
 /// Largest frame on the supervisor socket.
@@ -196,7 +197,13 @@ pub enum FromSupervisor {
         reason: String,
     },
     /// Job output since the last frame (the log file holds all of it).
-    Output(Vec<u8>),
+    Output {
+        /// Where `bytes` start in the job's log: output produced while no executor was
+        /// attached is skipped, and the executor sees the hole (E15).
+        offset: u64,
+        /// Exactly the bytes written to the log there.
+        bytes: Vec<u8>,
+    },
     /// The job ended and its exit record is durable; the supervisor exits.
     Exited,
 }
@@ -376,7 +383,10 @@ enum Ev {
         at_ms: u64,
         grace_ms: u64,
     },
-    Output(Vec<u8>),
+    Output {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     OutputEnd(Result<String, String>),
     JobExit(WaitStatus),
 }
@@ -599,7 +609,7 @@ impl Supervisor {
                     }
                 }
             }
-            Ev::Output(bytes) => self.forward(FromSupervisor::Output(bytes)),
+            Ev::Output { offset, bytes } => self.forward(FromSupervisor::Output { offset, bytes }),
             Ev::OutputEnd(end) => self.output_end = Some(end),
             Ev::JobExit(_) | Ev::Collected(_) => {}
         }
@@ -969,16 +979,20 @@ fn pump(
         if cut {
             chunk = chunk.get(..room).unwrap_or_default();
         }
-        log.write_all(chunk).map_err(|e| e.to_string())?;
-        hasher.update(chunk);
-        written += chunk.len() as u64;
+        let offset = written;
+        let mut out = chunk.to_vec();
         if cut {
-            let marker = b"\n[millrace: log truncated at the executor's limit]\n";
-            log.write_all(marker).map_err(|e| e.to_string())?;
-            hasher.update(marker);
-            written = MAX_LOG;
+            out.extend_from_slice(b"\n[millrace: log truncated at the executor's limit]\n");
         }
-        let _ = tx.send(Ev::Output(chunk.to_vec()));
+        log.write_all(&out).map_err(|e| e.to_string())?;
+        hasher.update(&out);
+        written = if cut {
+            MAX_LOG
+        } else {
+            written + out.len() as u64
+        };
+        // The live copy is exactly the log: same bytes at the same offsets (E15).
+        let _ = tx.send(Ev::Output { offset, bytes: out });
     }
     log.sync_data().map_err(|e| e.to_string())?;
     Ok(hex(&hasher.finalize()))

@@ -242,8 +242,12 @@ pub fn to_mill(s: &mut String, m: &ToMill) {
         ToMill::CancelAck { lease } => {
             let _ = write!(s, "CancelAck {lease}");
         }
-        ToMill::LiveLog { lease, bytes } => {
-            let _ = write!(s, "LiveLog {lease} {}B", bytes.len());
+        ToMill::LiveLog {
+            lease,
+            offset,
+            bytes,
+        } => {
+            let _ = write!(s, "LiveLog {lease} @{offset} {}B", bytes.len());
         }
     }
 }
@@ -380,8 +384,10 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
             let _ = write!(s, "> job {job} ");
             state(s, st);
         }
-        MillOutput::LiveLog { job, bytes, .. } => {
-            let _ = write!(s, "> livelog {job} {}B", bytes.len());
+        MillOutput::LiveLog {
+            job, offset, bytes, ..
+        } => {
+            let _ = write!(s, "> livelog {job} @{offset} {}B", bytes.len());
         }
         MillOutput::Observed(obs) => {
             s.push_str("> observed ");
@@ -449,8 +455,12 @@ pub fn exec_input(s: &mut String, i: &ExecutorInput) {
         } => {
             let _ = write!(s, "< exited {lease} {status} {exit_code:?}");
         }
-        ExecutorInput::JobLog { lease, bytes } => {
-            let _ = write!(s, "< log {lease} {}B", bytes.len());
+        ExecutorInput::JobLog {
+            lease,
+            offset,
+            bytes,
+        } => {
+            let _ = write!(s, "< log {lease} @{offset} {}B", bytes.len());
         }
         ExecutorInput::Drain => s.push_str("< drain"),
         ExecutorInput::Tick => s.push_str("< tick"),

@@ -40,7 +40,7 @@ impl Executor {
                 // A stop asked for before the restart is durable (E7, E12) and still decides
                 // the job's end; the adopted run is asked to stop again once re-attached.
                 stop: stored.stop.clone(),
-                log_dropped: 0,
+                log_end: 0,
             };
             if running.stop.is_some() {
                 self.restop.insert(lease);

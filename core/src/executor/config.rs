@@ -93,8 +93,8 @@ pub struct ExecutorConfig {
     pub outbox_capacity: usize,
     /// Largest `LiveLog` message in bytes. Default 64 KiB; 1..=512 KiB.
     pub live_log_chunk: usize,
-    /// Live-log bytes forwarded per `snapshot_interval`; beyond it bytes are dropped and a
-    /// marker says how many. 0 turns live logs off. Default 1 MiB.
+    /// Live-log bytes forwarded per `snapshot_interval`; beyond it bytes are dropped, and the
+    /// offset of the next chunk (or of the end mark) shows the mill the hole (E15). 0 turns live logs off. Default 1 MiB.
     pub live_log_budget: usize,
 }
 

@@ -105,7 +105,7 @@ impl Executor {
                 charged,
                 started: false,
                 stop: None,
-                log_dropped: 0,
+                log_end: 0,
             };
             self.seats.running.insert(lease, running);
             self.emit(ExecutorOutput::StartJob {
@@ -204,6 +204,7 @@ impl Executor {
         let Some(job) = self.seats.running.remove(&lease) else {
             return;
         };
+        self.send_log_end(lease, job.log_end);
         let (status, error, cause) = match job.stop {
             Some(stop) => stop.terminal(),
             None => (status, error.map(bounded_error), cause),
@@ -222,10 +223,11 @@ impl Executor {
         self.flush_outbox();
     }
 
-    /// Best-effort live log: forwarded in chunks while a session is up, within a byte budget
-    /// per snapshot interval. Dropped bytes are counted and announced in the next chunk, so
-    /// a reader sees the gap instead of a made-up continuity.
-    pub(super) fn on_job_log(&mut self, now: Time, lease: LeaseId, bytes: Vec<u8>) {
+    /// E15: best-effort live log, forwarded in chunks while a session is up, within a byte
+    /// budget per snapshot interval. Every chunk says where it starts in the job's output, so
+    /// bytes dropped here (over budget, no session) are a hole the mill counts, never a
+    /// splice; nothing is written into the output to say so.
+    pub(super) fn on_job_log(&mut self, now: Time, lease: LeaseId, offset: u64, bytes: Vec<u8>) {
         if bytes.is_empty() {
             return;
         }
@@ -239,35 +241,51 @@ impl Executor {
             return;
         };
         let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        job.log_end = job.log_end.max(offset.saturating_add(len));
         let Some(conn) = conn else {
-            job.log_dropped = job.log_dropped.saturating_add(len);
             return;
-        };
-        let mut payload = if job.log_dropped > 0 {
-            format!(
-                "\n[millrace: {} bytes of live log dropped]\n",
-                job.log_dropped
-            )
-            .into_bytes()
-        } else {
-            Vec::new()
         };
         let room = budget.saturating_sub(self.live_log.used);
-        if payload.len() >= room {
-            job.log_dropped = job.log_dropped.saturating_add(len);
+        let take = bytes.len().min(room);
+        if take == 0 {
             return;
         }
-        let take = bytes.len().min(room - payload.len());
-        let dropped = u64::try_from(bytes.len() - take).unwrap_or(u64::MAX);
-        payload.extend_from_slice(&bytes[..take]);
-        job.log_dropped = dropped;
-        self.live_log.used += payload.len();
-        let chunks: Vec<Vec<u8>> = payload
-            .chunks(self.config.live_log_chunk.max(1))
-            .map(<[u8]>::to_vec)
+        self.live_log.used += take;
+        let step = self.config.live_log_chunk.max(1);
+        let mut at = offset;
+        let chunks: Vec<(u64, Vec<u8>)> = bytes[..take]
+            .chunks(step)
+            .map(|c| {
+                let here = at;
+                at = at.saturating_add(u64::try_from(c.len()).unwrap_or(u64::MAX));
+                (here, c.to_vec())
+            })
             .collect();
-        for bytes in chunks {
-            self.send(conn, ToMill::LiveLog { lease, bytes });
+        for (offset, bytes) in chunks {
+            self.send(
+                conn,
+                ToMill::LiveLog {
+                    lease,
+                    offset,
+                    bytes,
+                },
+            );
+        }
+    }
+
+    /// E15: the end mark, an empty `LiveLog` at the end of the job's output, sent (best
+    /// effort) before its terminal so that bytes dropped at the very end are a hole too.
+    fn send_log_end(&mut self, lease: LeaseId, log_end: u64) {
+        if log_end == 0 {
+            return;
+        }
+        if let Some(conn) = self.ready_conn() {
+            let end = ToMill::LiveLog {
+                lease,
+                offset: log_end,
+                bytes: Vec::new(),
+            };
+            self.send(conn, end);
         }
     }
 

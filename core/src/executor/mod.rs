@@ -103,10 +103,14 @@ pub enum ExecutorInput {
         /// Its log; must satisfy M25 or it is left out.
         log: Option<LogRef>,
     },
-    /// Output of a running job, forwarded best effort as `LiveLog`.
+    /// Output of a running job, forwarded best effort as `LiveLog` (E15).
     JobLog {
         /// The lease.
         lease: LeaseId,
+        /// Position of the first byte in the job's output (its log file): the engine's count,
+        /// which goes on across executor restarts (E14), so bytes nobody forwarded show as
+        /// a hole.
+        offset: u64,
         /// Raw bytes.
         bytes: Vec<u8>,
     },
@@ -294,7 +298,11 @@ impl Executor {
                 error,
                 log,
             } => self.on_job_exited(lease, status, exit_code, error, log),
-            ExecutorInput::JobLog { lease, bytes } => self.on_job_log(now, lease, bytes),
+            ExecutorInput::JobLog {
+                lease,
+                offset,
+                bytes,
+            } => self.on_job_log(now, lease, offset, bytes),
             ExecutorInput::Drain => self.draining = true,
             ExecutorInput::Tick => {}
         }

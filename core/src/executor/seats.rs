@@ -27,8 +27,9 @@ pub(super) struct RunningJob {
     /// The engine reported it started and its Running event is in the outbox.
     pub(super) started: bool,
     pub(super) stop: Option<StopReason>,
-    /// Live-log bytes dropped since the last forwarded chunk.
-    pub(super) log_dropped: u64,
+    /// End of the job's output as far as the engine reported it (E15): where the end mark
+    /// sent with its terminal says the output stops.
+    pub(super) log_end: u64,
 }
 
 /// Every seat in use.

@@ -1825,53 +1825,94 @@ fn stale_connections_and_unexpected_inputs_are_ignored_or_closed() {
         .is_empty());
 }
 
+/// The `LiveLog`s among `outs`, as (offset, bytes).
+fn live_chunks(outs: &[ExecutorOutput]) -> Vec<(u64, Vec<u8>)> {
+    sent(outs)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToMill::LiveLog {
+                lease,
+                offset,
+                bytes,
+            } => {
+                assert_eq!(lease, L1);
+                Some((offset, bytes))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn job_log(offset: u64, bytes: &[u8]) -> ExecutorInput {
+    ExecutorInput::JobLog {
+        lease: L1,
+        offset,
+        bytes: bytes.to_vec(),
+    }
+}
+
 #[test]
-fn live_log_is_forwarded_in_chunks_and_gaps_are_announced() {
+fn e15_live_log_chunks_carry_their_offsets() {
     let mut c = config();
     c.live_log_chunk = 4;
     let mut h = Harness::ready(c);
     h.run(L1, "shell");
-    let outs = h.feed(ExecutorInput::JobLog {
-        lease: L1,
-        bytes: b"hello world".to_vec(),
-    });
-    let chunks: Vec<Vec<u8>> = sent(&outs)
-        .into_iter()
-        .map(|m| match m {
-            ToMill::LiveLog { lease, bytes } => {
-                assert_eq!(lease, L1);
-                bytes
-            }
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(chunks.concat(), b"hello world");
-    assert!(chunks.iter().all(|c| c.len() <= 4));
+    let chunks = live_chunks(&h.feed(job_log(100, b"hello world")));
+    assert_eq!(
+        chunks,
+        [
+            (100, b"hell".to_vec()),
+            (104, b"o wo".to_vec()),
+            (108, b"rld".to_vec())
+        ]
+    );
+}
 
+#[test]
+fn e15_bytes_dropped_while_cut_off_leave_a_hole_not_a_marker() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    assert_eq!(
+        live_chunks(&h.feed(job_log(0, b"seen "))),
+        [(0, b"seen ".to_vec())]
+    );
     h.disconnect();
-    assert!(h
-        .feed(ExecutorInput::JobLog {
-            lease: L1,
-            bytes: b"lost".to_vec()
-        })
-        .is_empty());
+    assert!(h.feed(job_log(5, b"lost ")).is_empty());
     h.until_deadline();
     h.connect(Seqno(1));
-    let outs = h.feed(ExecutorInput::JobLog {
-        lease: L1,
-        bytes: b"!".to_vec(),
-    });
-    let text: Vec<u8> = sent(&outs)
-        .into_iter()
-        .filter_map(|m| match m {
-            ToMill::LiveLog { bytes, .. } => Some(bytes),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .concat();
-    let text = String::from_utf8(text).unwrap();
-    assert!(text.contains("4 bytes of live log dropped"), "{text}");
-    assert!(text.ends_with('!'));
+    // The next chunk starts where the engine says, five bytes past the last one sent, and
+    // nothing was written into the output to cover the hole.
+    let chunks = live_chunks(&h.feed(job_log(10, b"!")));
+    assert_eq!(chunks, [(10, b"!".to_vec())]);
+}
+
+#[test]
+fn e15_bytes_over_budget_are_a_hole_and_the_end_mark_reveals_a_trailing_one() {
+    let mut c = config();
+    c.live_log_budget = 8;
+    let mut h = Harness::ready(c);
+    h.run(L1, "shell");
+    // 8 of 12 bytes fit the window's budget; the rest are dropped, not delayed.
+    assert_eq!(
+        live_chunks(&h.feed(job_log(0, b"0123456789ab"))),
+        [(0, b"01234567".to_vec())]
+    );
+    assert!(live_chunks(&h.feed(job_log(12, b"cd"))).is_empty());
+    // The job ends: an empty chunk at the end of its output goes before the terminal, so the
+    // mill knows six bytes never reached it.
+    let outs = h.exited(L1, TerminalStatus::Success);
+    assert_eq!(live_chunks(&outs), [(14, Vec::new())]);
+    let kinds: Vec<&str> = sent(&outs).iter().map(msg_name).collect();
+    let end = kinds.iter().position(|k| *k == "LiveLog");
+    let terminal = kinds.iter().position(|k| *k == "EventBatch");
+    assert!(end < terminal, "{kinds:?}");
+}
+
+#[test]
+fn e15_a_job_without_output_sends_no_end_mark() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    assert!(live_chunks(&h.exited(L1, TerminalStatus::Success)).is_empty());
 }
 
 #[test]

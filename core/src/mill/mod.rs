@@ -133,7 +133,10 @@ pub enum MillOutput {
         job: JobId,
         /// The lease it runs under.
         lease: LeaseId,
-        /// Raw bytes.
+        /// Position of the first byte in the lease's output (E15); bytes before it that
+        /// never arrived are lost, not adjacent.
+        offset: u64,
+        /// Raw bytes (empty: the output ends at `offset`).
         bytes: Vec<u8>,
     },
     /// Something worth counting or logging (metrics, simulator coverage). No action needed.

@@ -203,11 +203,20 @@ impl Mill {
             }
             ToMill::EventBatch { epoch, events } => self.on_event_batch(&node, epoch, events),
             ToMill::CancelAck { lease } => self.on_cancel_ack(&node, lease),
-            ToMill::LiveLog { lease, bytes } => {
+            ToMill::LiveLog {
+                lease,
+                offset,
+                bytes,
+            } => {
                 if let Some(l) = self.leases.get(&lease) {
                     if l.node == node {
                         let job = l.job;
-                        self.emit(MillOutput::LiveLog { job, lease, bytes });
+                        self.emit(MillOutput::LiveLog {
+                            job,
+                            lease,
+                            offset,
+                            bytes,
+                        });
                     }
                 }
             }

@@ -319,7 +319,7 @@ fn m25_a_bad_log_reference_is_a_violation() {
 }
 
 #[test]
-fn live_log_bytes_reach_clients_only_from_the_lease_holder() {
+fn e15_live_log_bytes_reach_clients_only_from_the_lease_holder_with_their_offset() {
     let mut h = H::new();
     let a = h.ready("a", 0.0);
     let b = h.ready("b", 0.5);
@@ -328,6 +328,7 @@ fn live_log_bytes_reach_clients_only_from_the_lease_holder() {
         b,
         ToMill::LiveLog {
             lease,
+            offset: 0,
             bytes: b"forged".to_vec(),
         },
     );
@@ -336,6 +337,7 @@ fn live_log_bytes_reach_clients_only_from_the_lease_holder() {
         a,
         ToMill::LiveLog {
             lease,
+            offset: 7,
             bytes: b"hello".to_vec(),
         },
     );
@@ -344,6 +346,7 @@ fn live_log_bytes_reach_clients_only_from_the_lease_holder() {
         vec![MillOutput::LiveLog {
             job,
             lease,
+            offset: 7,
             bytes: b"hello".to_vec()
         }]
     );

@@ -667,6 +667,7 @@ impl Chaos {
             };
             ToMill::LiveLog {
                 lease,
+                offset: 0,
                 bytes: vec![b'x'; 8],
             }
         } else if roll < 95 {
