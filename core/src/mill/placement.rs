@@ -481,7 +481,7 @@ impl Mill {
             ToExecutor::ReserveSeat {
                 lease,
                 job,
-                spec,
+                spec: Box::new(spec),
                 ttl: self.config.reconnect_grace,
             },
         );
