@@ -60,6 +60,7 @@ pub fn job_spec() -> JobSpec {
         },
         timeout: None,
         payload: b"true".to_vec(),
+        env: Default::default(),
     }
 }
 

@@ -531,7 +531,7 @@ mod tests {
             ToExecutor::ReserveSeat {
                 lease: LeaseId(13),
                 job: JobId(5),
-                spec: JobSpec {
+                spec: Box::new(JobSpec {
                     engine: "shell".into(),
                     labels: ["linux", "gpu"].iter().map(|s| s.to_string()).collect(),
                     resources: resources(&[("cpu_millis", 500), ("memory_mb", 1024)]),
@@ -541,7 +541,11 @@ mod tests {
                     },
                     timeout: Some(Duration::new(3600, 5)),
                     payload: b"cargo test --workspace".to_vec(),
-                },
+                    env: [("RUST_LOG", "debug"), ("EMPTY", "")]
+                        .iter()
+                        .map(|&(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                }),
                 ttl: Duration::from_millis(30_500),
             },
             ToExecutor::CommitLease {
@@ -677,6 +681,45 @@ mod tests {
             }
             other => panic!("expected TooLarge, got {other:?}"),
         }
+    }
+
+    /// Issue 13 item 6: the largest spec a submit can pass (payload, 64 env variables
+    /// filling 32 KiB, 32 labels and resources at their bounds) still fits one frame in a
+    /// `ReserveSeat`, so a valid job can always be offered.
+    #[test]
+    fn a_maximal_job_spec_fits_a_reserve_seat_frame() {
+        use crate::job::{MAX_ENV_BYTES, MAX_ENV_VARS, MAX_LABELS, MAX_PAYLOAD, MAX_SCOPE_NAME};
+        let value = "v".repeat(MAX_ENV_BYTES / MAX_ENV_VARS - 4);
+        let spec = JobSpec {
+            engine: "e".repeat(crate::types::MAX_NAME_LEN),
+            labels: (0..MAX_LABELS).map(|i| format!("{i:0>64}")).collect(),
+            resources: (0..crate::types::MAX_RESOURCES)
+                .map(|i| (format!("{i:0>64}"), 1u64 << 53))
+                .collect(),
+            identity: Identity {
+                owner: "o".repeat(MAX_SCOPE_NAME),
+                repo: "r".repeat(MAX_SCOPE_NAME),
+            },
+            timeout: Some(Duration::MAX),
+            payload: vec![b'x'; MAX_PAYLOAD],
+            env: (0..MAX_ENV_VARS)
+                .map(|i| (format!("V{i:03}"), value.clone()))
+                .collect(),
+        };
+        assert_eq!(spec.validate(), Ok(()));
+        let msg = ToExecutor::ReserveSeat {
+            lease: LeaseId(u64::MAX),
+            job: JobId(u64::MAX),
+            spec: Box::new(spec),
+            ttl: Duration::MAX,
+        };
+        let bytes = frame(&msg);
+        assert!(
+            bytes.len() < PREFIX_LEN + MAX_FRAME,
+            "{} bytes",
+            bytes.len()
+        );
+        assert_eq!(decode_all::<ToExecutor>(&bytes, 64 * 1024), [msg]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What a client asks the mill to run, and how a job ends.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -14,6 +14,14 @@ pub const MAX_LABELS: usize = 32;
 pub const MAX_PAYLOAD: usize = 256 * 1024;
 /// Longest owner or repo name.
 pub const MAX_SCOPE_NAME: usize = 256;
+/// Most environment variables a job may set (issue 13 item 6).
+pub const MAX_ENV_VARS: usize = 64;
+/// Most bytes of environment (names plus values) a job may set.
+pub const MAX_ENV_BYTES: usize = 32 * 1024;
+/// Prefix of the names millrace sets itself (`MILLRACE_JOB_ID`, …); a job may not set them.
+pub const RESERVED_ENV_PREFIX: &str = "MILLRACE_";
+/// Longest idempotency key (M31).
+pub const MAX_KEY_LEN: usize = 256;
 
 /// Who a job is charged to (quota scopes, §6).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -25,7 +33,9 @@ pub struct Identity {
 }
 
 /// A job as submitted: what to run, where it may run and who pays for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// `Debug` shows the names of `env` but never its values (they may be credentials).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Engine that must run it (e.g. `shell`).
     pub engine: String,
@@ -39,7 +49,93 @@ pub struct JobSpec {
     pub timeout: Option<Duration>,
     /// Opaque to the mill: the engine's input, such as a shell command.
     pub payload: Vec<u8>,
+    /// Environment for the job's process, on top of what the executor sets (issue 13 item
+    /// 6): at most [`MAX_ENV_VARS`] names of `[A-Za-z_][A-Za-z0-9_]*` not starting with
+    /// [`RESERVED_ENV_PREFIX`], at most [`MAX_ENV_BYTES`] in all.
+    pub env: BTreeMap<String, String>,
 }
+
+impl fmt::Debug for JobSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobSpec")
+            .field("engine", &self.engine)
+            .field("labels", &self.labels)
+            .field("resources", &self.resources)
+            .field("identity", &self.identity)
+            .field("timeout", &self.timeout)
+            .field("payload", &String::from_utf8_lossy(&self.payload))
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// A client's key for a submit (M31): 1–256 printable ASCII characters, no spaces. Valid
+/// by construction.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct IdempotencyKey(String);
+
+/// Why an idempotency key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// Empty or longer than [`MAX_KEY_LEN`].
+    #[error("Idempotency-Key: must be 1-{MAX_KEY_LEN} characters, got {len}")]
+    Length {
+        /// Bytes given.
+        len: usize,
+    },
+    /// A byte outside printable ASCII (`!`..=`~`).
+    #[error("Idempotency-Key: byte {at} is not printable ASCII (0x21-0x7e)")]
+    Char {
+        /// Where.
+        at: usize,
+    },
+}
+
+impl IdempotencyKey {
+    /// The header that carries it, and the field name errors give.
+    pub const FIELD: &'static str = "Idempotency-Key";
+
+    /// Validates `key`.
+    pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
+        let key = key.into();
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(KeyError::Length { len: key.len() });
+        }
+        if let Some(at) = key.bytes().position(|b| !b.is_ascii_graphic()) {
+            return Err(KeyError::Char { at });
+        }
+        Ok(IdempotencyKey(key))
+    }
+
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stable hash of a job spec (M31): SHA-256 of a version tag and the spec's canonical
+/// encoding (postcard, with every map and set ordered), so equal specs have equal
+/// fingerprints in every process and across restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The tag hashed before the spec: a new spec layout gets a new tag.
+const FINGERPRINT_TAG: &[u8] = b"millrace-spec-v2\0";
 
 /// Why a job spec was refused; each variant names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +180,40 @@ pub enum SpecError {
         /// `owner` or `repo`.
         field: &'static str,
     },
+    /// `env` has too many entries.
+    #[error("env: {count} variables, at most {max}")]
+    TooManyEnv {
+        /// Variables given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// An `env` name is not `[A-Za-z_][A-Za-z0-9_]*` (at most 256 bytes).
+    #[error("env: name {name:?} must match [A-Za-z_][A-Za-z0-9_]*")]
+    EnvName {
+        /// As given (cut).
+        name: String,
+    },
+    /// An `env` name starts with `MILLRACE_`, which millrace sets itself.
+    #[error("env: name {name:?} is reserved (names starting with MILLRACE_ are set by millrace)")]
+    EnvReserved {
+        /// As given (cut).
+        name: String,
+    },
+    /// An `env` value holds a NUL byte, which no process environment can carry.
+    #[error("env: the value of {name} holds a NUL byte")]
+    EnvValue {
+        /// The variable's name (never its value).
+        name: String,
+    },
+    /// `env` is too large in all.
+    #[error("env: {bytes} bytes of names and values, at most {max}")]
+    EnvSize {
+        /// Bytes given.
+        bytes: usize,
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl SpecError {
@@ -96,6 +226,11 @@ impl SpecError {
             SpecError::Timeout => "timeout",
             SpecError::Payload { .. } => "payload",
             SpecError::Identity { field } => field,
+            SpecError::TooManyEnv { .. }
+            | SpecError::EnvName { .. }
+            | SpecError::EnvReserved { .. }
+            | SpecError::EnvValue { .. }
+            | SpecError::EnvSize { .. } => "env",
         }
     }
 }
@@ -140,8 +275,60 @@ impl JobSpec {
                 return Err(SpecError::Identity { field });
             }
         }
+        self.validate_env()
+    }
+
+    /// Issue 13 item 6: ≤ 64 variables, names `[A-Za-z_][A-Za-z0-9_]*` outside `MILLRACE_`,
+    /// no NUL in values, ≤ 32 KiB of names and values.
+    fn validate_env(&self) -> Result<(), SpecError> {
+        if self.env.len() > MAX_ENV_VARS {
+            return Err(SpecError::TooManyEnv {
+                count: self.env.len(),
+                max: MAX_ENV_VARS,
+            });
+        }
+        let mut bytes = 0usize;
+        for (name, value) in &self.env {
+            if !valid_env_name(name) {
+                return Err(SpecError::EnvName { name: cut(name) });
+            }
+            if name.starts_with(RESERVED_ENV_PREFIX) {
+                return Err(SpecError::EnvReserved { name: cut(name) });
+            }
+            if value.contains('\0') {
+                return Err(SpecError::EnvValue { name: name.clone() });
+            }
+            bytes = bytes.saturating_add(name.len()).saturating_add(value.len());
+        }
+        if bytes > MAX_ENV_BYTES {
+            return Err(SpecError::EnvSize {
+                bytes,
+                max: MAX_ENV_BYTES,
+            });
+        }
         Ok(())
     }
+
+    /// The spec's [`Fingerprint`] (M31).
+    pub fn fingerprint(&self) -> Fingerprint {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(FINGERPRINT_TAG);
+        // Encoding into a Vec only fails for types serde cannot represent; a spec is plain
+        // data, so the empty fallback is unreachable (and would still be deterministic).
+        h.update(postcard::to_allocvec(self).unwrap_or_default());
+        Fingerprint(h.finalize().into())
+    }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`, at most 256 bytes.
+fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    name.len() <= 256
+        && bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// How a job ended.
@@ -366,6 +553,7 @@ mod tests {
             },
             timeout: None,
             payload: b"true".to_vec(),
+            env: BTreeMap::new(),
         }
     }
 
@@ -393,6 +581,101 @@ mod tests {
         let mut s = spec();
         s.identity.repo.clear();
         assert_eq!(s.validate().map_err(|e| e.field()), Err("repo"));
+    }
+
+    /// Issue 13 item 6: every env bound is a typed error naming `env`; a maximal env passes.
+    #[test]
+    fn env_validation_names_the_field_and_admits_the_maximum() {
+        let with = |pairs: Vec<(String, String)>| {
+            let mut s = spec();
+            s.env = pairs.into_iter().collect();
+            s.validate().map_err(|e| (e.field(), e))
+        };
+        assert!(with(vec![
+            ("A_1".into(), "x".into()),
+            ("_b".into(), String::new())
+        ])
+        .is_ok());
+        for bad in ["1A", "A-B", "", "A B", "É"] {
+            let e = with(vec![(bad.into(), "v".into())]).unwrap_err();
+            assert_eq!(e.0, "env", "{bad:?}");
+            assert!(
+                matches!(e.1, SpecError::EnvName { .. }),
+                "{bad:?}: {:?}",
+                e.1
+            );
+        }
+        let e = with(vec![("MILLRACE_JOB_ID".into(), "7".into())]).unwrap_err();
+        assert!(matches!(e.1, SpecError::EnvReserved { .. }));
+        let e = with(vec![("A".into(), "x\0y".into())]).unwrap_err();
+        assert!(
+            !e.1.to_string().contains("x\0y"),
+            "never the value: {}",
+            e.1
+        );
+        let many = (0..=MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert!(matches!(
+            with(many).unwrap_err().1,
+            SpecError::TooManyEnv { .. }
+        ));
+        // 64 names of 4 bytes, values filling 32 KiB exactly: the maximum.
+        let value = "v".repeat(MAX_ENV_BYTES / MAX_ENV_VARS - 4);
+        let max: Vec<_> = (0..MAX_ENV_VARS)
+            .map(|i| (format!("V{i:03}"), value.clone()))
+            .collect();
+        assert!(with(max.clone()).is_ok());
+        let mut over = max;
+        over[0].1.push('v');
+        assert!(matches!(
+            with(over).unwrap_err().1,
+            SpecError::EnvSize { .. }
+        ));
+    }
+
+    /// M31: the fingerprint is stable for equal specs and changes with any field.
+    #[test]
+    fn m31_fingerprint_follows_the_spec() {
+        assert_eq!(spec().fingerprint(), spec().fingerprint());
+        let mut s = spec();
+        s.env.insert("A".into(), "1".into());
+        assert_ne!(s.fingerprint(), spec().fingerprint());
+        let mut t = spec();
+        t.env.insert("A".into(), "2".into());
+        assert_ne!(s.fingerprint(), t.fingerprint());
+        let mut u = spec();
+        u.identity.owner = "other".into();
+        assert_ne!(u.fingerprint(), spec().fingerprint());
+        assert_eq!(spec().fingerprint().to_string().len(), 64);
+    }
+
+    /// M31: keys are 1-256 printable ASCII characters; errors name the header.
+    #[test]
+    fn m31_keys_are_bounded_printable_ascii() {
+        assert!(IdempotencyKey::new("build-42/retry:1").is_ok());
+        assert!(IdempotencyKey::new("k".repeat(MAX_KEY_LEN)).is_ok());
+        for bad in [
+            String::new(),
+            "k".repeat(MAX_KEY_LEN + 1),
+            "a b".into(),
+            "é".into(),
+        ] {
+            let e = IdempotencyKey::new(bad.clone()).unwrap_err();
+            assert!(e.to_string().starts_with("Idempotency-Key"), "{bad:?}: {e}");
+        }
+    }
+
+    /// Issue 13 item 6: `Debug` (what logs would print) never shows an env value.
+    #[test]
+    fn spec_debug_hides_env_values() {
+        let mut s = spec();
+        s.env.insert("TOKEN".into(), "hunter2".into());
+        let text = format!("{s:?}");
+        assert!(
+            text.contains("TOKEN") && !text.contains("hunter2"),
+            "{text}"
+        );
     }
 
     #[test]

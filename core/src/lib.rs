@@ -25,6 +25,7 @@ pub mod types;
 pub mod wire;
 
 pub use job::{
-    Identity, JobSpec, JobState, LogRef, SpecError, Terminal, TerminalCause, TerminalStatus,
+    Fingerprint, IdempotencyKey, Identity, JobSpec, JobState, KeyError, LogRef, SpecError,
+    Terminal, TerminalCause, TerminalStatus,
 };
 pub use types::{ConnId, Epoch, IdError, JobId, LeaseId, NodeId, Resources, Seqno, Time};

@@ -237,8 +237,10 @@ pub enum ToExecutor {
         lease: LeaseId,
         /// The job.
         job: JobId,
-        /// What to run.
-        spec: JobSpec,
+        /// What to run. Boxed: with its `env` a spec is the largest field of any message,
+        /// and every message in flight (and every queued output) is as large as the largest
+        /// variant. Serialized exactly as an unboxed spec, so the wire is unchanged by it.
+        spec: Box<JobSpec>,
         /// Drop the seat if not committed within this (E3).
         ttl: Duration,
     },

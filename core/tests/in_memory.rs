@@ -440,6 +440,7 @@ fn spec(engine: &str, labels: &[&str], owner: &str, ms: u64, code: i32) -> JobSp
         },
         timeout: None,
         payload: payload(ms, code),
+        env: Default::default(),
     }
 }
 

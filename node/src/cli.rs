@@ -78,6 +78,14 @@ pub enum QuarantineCmd {
     },
 }
 
+/// `NAME=VALUE` for `--env`; the error names the variable, never its value.
+fn env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err("expected NAME=VALUE".to_string()),
+    }
+}
+
 fn dur(s: &str) -> Result<Duration, String> {
     parse_duration(s)
 }
@@ -543,9 +551,20 @@ pub struct SubmitArgs {
     /// Quota repo.
     #[arg(long, default_value = "default")]
     pub repo: String,
-    /// Follow the job's output and exit 0 only if it succeeded.
+    /// Follow the job's output and exit with the job's own exit code: 0 on success, the
+    /// job's code when it failed with one, 124 when it timed out, 125 when it ended
+    /// without a code of its own (cancelled, executor lost, no executor, quota) or the
+    /// mill could not be asked.
     #[arg(long)]
     pub wait: bool,
+    /// Idempotency key (M31): a retry with the same key and spec answers the same job
+    /// instead of making a second one; the same key with another spec is refused (409).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// An environment variable for the job, `NAME=VALUE` (repeatable; values are never
+    /// printed).
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = env_pair)]
+    pub env: Vec<(String, String)>,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -586,9 +605,12 @@ pub struct JobsArgs {
     /// Only jobs in this state (queued, reserved, running, success, failed, timeout, cancelled, active, done).
     #[arg(long)]
     pub state: Option<String>,
-    /// At most this many.
+    /// At most this many (per page with --all).
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+    /// Every job: follow the list's `next` cursor page by page.
+    #[arg(long)]
+    pub all: bool,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,

@@ -161,12 +161,29 @@ impl Client {
 
     /// POST a JSON body.
     pub fn post(&self, path: &str, body: &Value) -> Result<(u16, Value), ClientError> {
-        let r = self
+        self.post_with(path, body, &[])
+    }
+
+    /// POST a JSON body with extra headers.
+    pub fn post_with(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Value), ClientError> {
+        let mut req = self
             .agent
             .post(self.url(path))
-            .header("Authorization", &self.auth)
-            .send_json(body);
-        self.answer(r)
+            .header("Authorization", &self.auth);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        self.answer(req.send_json(body))
+    }
+
+    /// The API's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// E15: one cursor read of a job's output, waiting up to `wait_secs` for bytes.
@@ -276,33 +293,70 @@ fn job_id(s: &str) -> String {
     s.trim_start_matches('j').to_string()
 }
 
-/// `millrace submit`: prints the job id; with `--wait` follows it and returns its success.
-pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
+/// `--wait`'s exit code for a job that ended mill-side without a code of its own
+/// (cancelled, executor lost, no compatible executor, quota denied, queue timeout), or when
+/// the mill could not be asked: docker run's "the error is with the runner itself".
+pub const EXIT_MILL: u8 = 125;
+/// `--wait`'s exit code for a job that timed out (as timeout(1) reports it).
+pub const EXIT_TIMEOUT: u8 = 124;
+
+/// The exit code `millrace submit --wait` gives for a finished job's status (issue 13 item
+/// 6): 0 on success; the job's own code when it failed with one (1..=255; a code outside
+/// that range, which no process exit gives, becomes 1); [`EXIT_TIMEOUT`] on a timeout,
+/// whatever the killed process's code; [`EXIT_MILL`] when it ended without a code.
+pub fn exit_code_for(state: &str, exit_code: Option<i64>) -> u8 {
+    match (state, exit_code) {
+        ("success", _) => 0,
+        ("timeout", _) => EXIT_TIMEOUT,
+        ("failed", Some(code)) => u8::try_from(code).ok().filter(|c| *c != 0).unwrap_or(1),
+        _ => EXIT_MILL,
+    }
+}
+
+/// `millrace submit`: prints the job id (`Ok(0)`); with `--wait` follows the job and
+/// returns the exit code for how it ended ([`exit_code_for`]).
+pub fn submit(args: &SubmitArgs) -> Result<u8, ClientError> {
     let c = Client::new(&args.client)?;
+    let env: serde_json::Map<String, Value> = args
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     let mut body = json!({
         "command": args.command.join(" "),
         "engine": args.engine,
         "labels": args.labels,
         "owner": args.owner,
         "repo": args.repo,
+        "env": env,
     });
     if let (Some(t), Some(obj)) = (args.timeout, body.as_object_mut()) {
         obj.insert("timeout_secs".into(), json!(t.as_secs().max(1)));
     }
-    let (status, v) = c.post("/v1/jobs", &body)?;
-    if status != 201 {
+    let headers: Vec<(&str, &str)> = args
+        .key
+        .as_deref()
+        .map(|k| ("Idempotency-Key", k))
+        .into_iter()
+        .collect();
+    let (status, v) = c.post_with("/v1/jobs", &body, &headers)?;
+    // 201: a new job; 200: the idempotency key's existing job (M31).
+    if status != 201 && status != 200 {
         return Err(fail(status, &v));
     }
     let id = v
         .get("id")
         .and_then(Value::as_u64)
         .ok_or_else(|| ClientError(format!("unexpected answer: {v}")))?;
+    if status == 200 {
+        eprintln!("millrace: job {id} already submitted under this key");
+    }
     if let Some(w) = v.get("warning").and_then(Value::as_str) {
         eprintln!("millrace: job {id}: {w}");
     }
     if !args.wait {
         println!("{id}");
-        return Ok(true);
+        return Ok(0);
     }
     eprintln!("job {id} submitted; following its output");
     let mut stdout = std::io::stdout();
@@ -312,7 +366,7 @@ pub fn submit(args: &SubmitArgs) -> Result<bool, ClientError> {
     wait_done(&c, id)
 }
 
-fn wait_done(c: &Client, id: u64) -> Result<bool, ClientError> {
+fn wait_done(c: &Client, id: u64) -> Result<u8, ClientError> {
     loop {
         let (status, v) = c.get(&format!("/v1/jobs/{id}"))?;
         if status != 200 {
@@ -320,15 +374,20 @@ fn wait_done(c: &Client, id: u64) -> Result<bool, ClientError> {
         }
         if v.get("done").and_then(Value::as_bool) == Some(true) {
             let state = v.get("state").and_then(Value::as_str).unwrap_or("?");
+            let code = v.get("exit_code").and_then(Value::as_i64);
             let mut line = format!("job {id}: {state}");
-            if let Some(code) = v.get("exit_code").and_then(Value::as_i64) {
+            if let Some(code) = code {
                 line.push_str(&format!(" (exit {code})"));
             }
             if let Some(err) = v.get("error").and_then(Value::as_str) {
                 line.push_str(&format!(": {err}"));
             }
             eprintln!("{line}");
-            return Ok(state == "success");
+            eprintln!(
+                "log: {}/v1/jobs/{id}/log (the mill keeps it as logs/{id}.log in its data directory)",
+                c.base()
+            );
+            return Ok(exit_code_for(state, code));
         }
         // The log stream ended before the job did (the mill went away): ask again shortly.
         std::thread::sleep(Duration::from_millis(250));
@@ -360,33 +419,49 @@ pub fn cancel(args: &JobArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// `millrace jobs`.
+/// Most pages `millrace jobs --all` follows (a bound, STYLE 6): 10,000 pages of up to
+/// 1,000 jobs.
+const MAX_PAGES: usize = 10_000;
+
+/// `millrace jobs`; with `--all`, every page through the list's `next` cursor.
 pub fn jobs(args: &JobsArgs) -> Result<(), ClientError> {
     let c = Client::new(&args.client)?;
-    let mut path = format!("/v1/jobs?limit={}", args.limit);
-    if let Some(s) = &args.state {
-        path.push_str(&format!("&state={s}"));
-    }
-    let (status, v) = c.get(&path)?;
-    if status != 200 {
-        return Err(fail(status, &v));
-    }
     println!("{:>8}  {:<10} {:<16} COMMAND", "ID", "STATE", "NODE");
-    for j in v
-        .get("jobs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
-        let cmd: String = s("command").chars().take(60).collect();
-        println!(
-            "{:>8}  {:<10} {:<16} {}",
-            j.get("id").and_then(Value::as_u64).unwrap_or(0),
-            s("state"),
-            s("node"),
-            cmd
-        );
+    let mut after: Option<u64> = None;
+    for _ in 0..MAX_PAGES {
+        let mut path = format!("/v1/jobs?limit={}", args.limit);
+        if let Some(s) = &args.state {
+            path.push_str(&format!("&state={s}"));
+        }
+        if let Some(a) = after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let (status, v) = c.get(&path)?;
+        if status != 200 {
+            return Err(fail(status, &v));
+        }
+        for j in v
+            .get("jobs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+            let cmd: String = s("command").chars().take(60).collect();
+            println!(
+                "{:>8}  {:<10} {:<16} {}",
+                j.get("id").and_then(Value::as_u64).unwrap_or(0),
+                s("state"),
+                s("node"),
+                cmd
+            );
+        }
+        let next = v.get("next").and_then(Value::as_u64);
+        match next {
+            // A cursor that does not move on would loop forever.
+            Some(n) if args.all && after.is_none_or(|a| n < a) => after = Some(n),
+            _ => return Ok(()),
+        }
     }
     Ok(())
 }
@@ -442,6 +517,21 @@ pub fn lift(node: &str, args: &ClientArgs) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 13 item 6: `--wait` exits like the job did, 124 on a timeout, 125 without a
+    /// code of the job's own.
+    #[test]
+    fn wait_exit_codes_follow_the_job() {
+        assert_eq!(exit_code_for("success", Some(0)), 0);
+        assert_eq!(exit_code_for("failed", Some(3)), 3);
+        assert_eq!(exit_code_for("failed", Some(255)), 255);
+        assert_eq!(exit_code_for("failed", Some(0)), 1, "failed is never 0");
+        assert_eq!(exit_code_for("failed", Some(-9)), 1);
+        assert_eq!(exit_code_for("timeout", Some(143)), EXIT_TIMEOUT);
+        assert_eq!(exit_code_for("timeout", None), EXIT_TIMEOUT);
+        assert_eq!(exit_code_for("failed", None), EXIT_MILL);
+        assert_eq!(exit_code_for("cancelled", None), EXIT_MILL);
+    }
 
     #[test]
     fn https_and_tls_ca_go_together() {

@@ -110,6 +110,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 "echo \"job {i} on $(hostname) in $PWD\"; sleep 0.0$(( MILLRACE_JOB_ID % 10 )); test -n \"$MILLRACE_JOB_ID\""
             )
             .into_bytes(),
+            env: Default::default(),
         };
         let id = mill.handle.submit(spec).await.map_err(|e| e.to_string())?;
         ids.push(id);

@@ -10,12 +10,12 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use millrace_core::job::{Identity, JobSpec, JobState, SpecError};
+use millrace_core::job::{IdempotencyKey, Identity, JobSpec, JobState, SpecError};
 use millrace_core::mill::RequestError;
 use millrace_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
@@ -371,6 +371,9 @@ pub struct SubmitBody {
     /// Timeout in seconds; default the mill's `job_timeout`.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Environment for the job's process (issue 13 item 6).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 fn default_engine() -> String {
@@ -448,10 +451,36 @@ fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
     body.map_err(|e| ApiError::field(e.status(), e.body_text(), "body"))
 }
 
+/// The `Idempotency-Key` header (M31), validated: a typed 400 naming the header otherwise.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let mut values = headers.get_all(IdempotencyKey::FIELD).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bad = |e: String| ApiError::field(StatusCode::BAD_REQUEST, e, IdempotencyKey::FIELD);
+    if values.next().is_some() {
+        return Err(bad(format!(
+            "{}: give the header once",
+            IdempotencyKey::FIELD
+        )));
+    }
+    let text = value.to_str().map_err(|_| {
+        bad(format!(
+            "{}: must be printable ASCII",
+            IdempotencyKey::FIELD
+        ))
+    })?;
+    IdempotencyKey::new(text)
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
+}
+
 async fn submit(
     State(api): State<Api>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
     let body = body_or_error(body)?;
     let b: SubmitBody = parse_body(&body)?;
     if b.command.trim().is_empty() {
@@ -484,6 +513,7 @@ async fn submit(
         },
         timeout: b.timeout_secs.map(Duration::from_secs),
         payload: b.command.into_bytes(),
+        env: b.env,
     };
     if let Err(e) = spec.validate() {
         return Err(ApiError::field(
@@ -493,8 +523,15 @@ async fn submit(
         ));
     }
     let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
-    match api.mill.submit(spec).await {
-        Ok(job) => {
+    match api.mill.submit_keyed(spec, key).await {
+        // M31: the key's existing job, same spec; nothing new was stored.
+        Ok(s) if !s.created => Ok((
+            StatusCode::OK,
+            Json(json!({"id": s.job.get(), "existing": true})),
+        )
+            .into_response()),
+        Ok(s) => {
+            let job = s.job;
             let warning = match api.mill.nodes().await {
                 Some(nodes) => unplaceable(&engine, &labels, &nodes),
                 None => None,
@@ -505,6 +542,11 @@ async fn submit(
             };
             Ok((StatusCode::CREATED, Json(body)).into_response())
         }
+        Err(HandleError::Refused(e @ RequestError::KeyConflict { .. })) => Err(ApiError::field(
+            StatusCode::CONFLICT,
+            e.to_string(),
+            IdempotencyKey::FIELD,
+        )),
         Err(HandleError::Refused(RequestError::Spec(e))) => Err(ApiError::field(
             StatusCode::BAD_REQUEST,
             e.to_string(),
@@ -548,6 +590,9 @@ pub struct JobView {
     pub labels: Vec<String>,
     /// The command.
     pub command: String,
+    /// Names of the job's environment variables (never their values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
     /// Quota owner.
     pub owner: String,
     /// Quota repo.
@@ -602,6 +647,7 @@ fn view(row: &JobRow) -> JobView {
         engine: row.spec.engine.clone(),
         labels: row.spec.labels.iter().cloned().collect(),
         command: String::from_utf8_lossy(&row.spec.payload).into_owned(),
+        env: row.spec.env.keys().cloned().collect(),
         owner: row.spec.identity.owner.clone(),
         repo: row.spec.identity.repo.clone(),
         submitted_at_ms: row.submitted_at_ms,
@@ -690,8 +736,18 @@ async fn list(
     let Query(q) = q.map_err(|e| ApiError::field(e.status(), e.body_text(), "query"))?;
     let mut state = None;
     let mut limit = 100usize;
+    let mut after = None;
     for (k, v) in q {
         match k.as_str() {
+            "after" => {
+                after = Some(parse_job(&v).map_err(|_| {
+                    ApiError::field(
+                        StatusCode::BAD_REQUEST,
+                        format!("after {v:?} is not a job id"),
+                        "after",
+                    )
+                })?);
+            }
             "state" => {
                 if !STATES.contains(&v.as_str()) {
                     return Err(ApiError::field(
@@ -721,9 +777,17 @@ async fn list(
             }
         }
     }
-    let rows = read(&api, move |r| r.jobs(state.as_deref(), limit)).await?;
+    // One row past the page says whether there are more (issue 13 item 6).
+    let mut rows = read(&api, move |r| r.jobs(state.as_deref(), after, limit + 1)).await?;
+    let more = rows.len() > limit;
+    rows.truncate(limit);
     let jobs: Vec<JobView> = rows.iter().map(view).collect();
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+    let next = rows.last().filter(|_| more).map(|r| r.id.get());
+    Ok(match next {
+        Some(next) => Json(json!({ "jobs": jobs, "next": next })),
+        None => Json(json!({ "jobs": jobs })),
+    }
+    .into_response())
 }
 
 async fn cancel(

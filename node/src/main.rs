@@ -79,11 +79,12 @@ fn main() -> ExitCode {
     };
     match cli.cmd {
         Cmd::Submit(a) => match client::submit(&a) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
+            Ok(code) => ExitCode::from(code),
             Err(e) => {
                 eprintln!("millrace: {e}");
-                ExitCode::from(2)
+                // With --wait the exit code is the job's: millrace's own failures get 125
+                // (docker run's convention), so they never pass for a job's exit 2.
+                ExitCode::from(if a.wait { client::EXIT_MILL } else { 2 })
             }
         },
         Cmd::Status(a) => client(client::status(&a)),

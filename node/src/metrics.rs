@@ -72,6 +72,8 @@ pub struct MillMetrics {
     pub quarantined: u64,
     /// Jobs accepted.
     pub submitted: u64,
+    /// Submits answered with an existing job through their idempotency key (M31).
+    pub submit_replays: u64,
     /// Jobs ended, by status.
     pub finished: BTreeMap<TerminalStatus, u64>,
     /// Live-log chunks dropped because the log writer was behind.
@@ -201,6 +203,12 @@ impl MillMetrics {
             "Jobs waiting for placement.",
         );
         let _ = writeln!(out, "millrace_jobs_pending {}", mill.pending());
+        gauge(
+            &mut out,
+            "millrace_idempotency_keys",
+            "Idempotency keys the mill holds (M31), until retention deletes their jobs.",
+        );
+        let _ = writeln!(out, "millrace_idempotency_keys {}", mill.key_count());
 
         counter(
             &mut out,
@@ -224,6 +232,12 @@ impl MillMetrics {
 
         counter(&mut out, "millrace_jobs_submitted_total", "Jobs accepted.");
         let _ = writeln!(out, "millrace_jobs_submitted_total {}", self.submitted);
+        counter(
+            &mut out,
+            "millrace_submit_replays_total",
+            "Submits answered with the existing job of their idempotency key (M31).",
+        );
+        let _ = writeln!(out, "millrace_submit_replays_total {}", self.submit_replays);
         counter(
             &mut out,
             "millrace_jobs_finished_total",

@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use millrace_core::job::{JobSpec, JobState};
-use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
+use millrace_core::job::{IdempotencyKey, JobSpec, JobState};
+use millrace_core::mill::{
+    Mill, MillInput, MillOutput, MillWrite, Observation, RequestError, Submitted,
+};
 use millrace_core::wire::ToExecutor;
 use millrace_core::{ConnId, JobId, NodeId};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -87,8 +89,10 @@ pub enum MillCmd {
     Submit {
         /// The job.
         spec: JobSpec,
-        /// The answer, after the job is durable.
-        reply: oneshot::Sender<Result<JobId, RequestError>>,
+        /// The client's idempotency key, if any (M31).
+        key: Option<IdempotencyKey>,
+        /// The answer, after the job (and its key) is durable.
+        reply: oneshot::Sender<Result<Submitted, RequestError>>,
     },
     /// A client cancels a job.
     Cancel {
@@ -226,8 +230,18 @@ impl MillHandle {
 
     /// Submits a job; the id comes back once the job is durable.
     pub async fn submit(&self, spec: JobSpec) -> Result<JobId, HandleError> {
+        Ok(self.submit_keyed(spec, None).await?.job)
+    }
+
+    /// Submits a job under an optional idempotency key (M31): the answer says whether the
+    /// job is new or the key's existing one; either way it is durable when it comes back.
+    pub async fn submit_keyed(
+        &self,
+        spec: JobSpec,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Submitted, HandleError> {
         let r = self
-            .ask(|reply| MillCmd::Submit { spec, reply })
+            .ask(|reply| MillCmd::Submit { spec, key, reply })
             .await
             .ok_or(HandleError::Unavailable)?;
         Ok(r?)
@@ -269,8 +283,8 @@ impl MillHandle {
 
 enum Deferred {
     Submit(
-        oneshot::Sender<Result<JobId, RequestError>>,
-        Result<JobId, RequestError>,
+        oneshot::Sender<Result<Submitted, RequestError>>,
+        Result<Submitted, RequestError>,
     ),
     Done(
         oneshot::Sender<Result<(), RequestError>>,
@@ -465,8 +479,8 @@ impl Driver {
     /// One retention batch (issue 11 item 7): deletes at most [`RETENTION_BATCH`] finished
     /// jobs with their history in one transaction, then hands their log files to the log
     /// writer (behind every write of theirs). The core holds no finished job (a terminal
-    /// removes it, M24), so there is nothing to forget there; the store's rows are checked
-    /// against it all the same.
+    /// removes it, M24), only their idempotency keys (M31), which it forgets once the
+    /// store has deleted them with their jobs; the store's rows are checked against it.
     fn retention_batch(&mut self) {
         let mut full = false;
         if self.hand_over_logs() {
@@ -492,9 +506,12 @@ impl Driver {
                         let jobs = purged.jobs.len() as u64;
                         self.metrics.retention_jobs += jobs;
                         self.metrics.retention_history_rows += purged.history_rows;
+                        // Their keys left the store in the same transaction (M31).
+                        self.mill.forget_keys_of(&purged.jobs);
                         tracing::info!(
                             jobs,
                             history_rows = purged.history_rows,
+                            keys = purged.keys,
                             took_us =
                                 u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
                             full,
@@ -581,10 +598,15 @@ impl Driver {
                 }
                 self.mill.handle(now, input);
             }
-            MillCmd::Submit { spec, reply } => {
-                let r = self.mill.submit(now, spec, wall_ms());
-                if r.is_ok() {
-                    self.metrics.submitted += 1;
+            MillCmd::Submit { spec, key, reply } => {
+                let r = self.mill.submit_keyed(now, spec, wall_ms(), key);
+                match &r {
+                    Ok(s) if s.created => self.metrics.submitted += 1,
+                    Ok(s) => {
+                        self.metrics.submit_replays += 1;
+                        tracing::debug!(job = %s.job, "submit: idempotency key names an existing job (M31)");
+                    }
+                    Err(_) => {}
                 }
                 self.deferred.push(Deferred::Submit(reply, r));
             }
@@ -706,6 +728,7 @@ impl Driver {
                         }
                         MillWrite::Counters { .. }
                         | MillWrite::JobInsert { .. }
+                        | MillWrite::KeyInsert { .. }
                         | MillWrite::JobState { .. }
                         | MillWrite::LeaseUpsert(_)
                         | MillWrite::LeaseCancel { .. }
@@ -861,6 +884,7 @@ mod tests {
             },
             timeout: None,
             payload: b"true".to_vec(),
+            env: Default::default(),
         }
     }
 
@@ -924,6 +948,7 @@ mod tests {
             let (first_tx, first_rx) = oneshot::channel();
             tx.send(MillCmd::Submit {
                 spec: spec(),
+                key: None,
                 reply: first_tx,
             })
             .await
@@ -933,6 +958,7 @@ mod tests {
             let _ = tx
                 .send(MillCmd::Submit {
                     spec: spec(),
+                    key: None,
                     reply: late_tx,
                 })
                 .await;
@@ -955,7 +981,10 @@ mod tests {
             drop(conn_rx);
             (first_rx.await, late_rx.await)
         });
-        assert!(matches!(first, Ok(Ok(JobId(1)))), "{first:?}");
+        assert!(
+            matches!(first, Ok(Ok(Submitted { job: JobId(1), .. }))),
+            "{first:?}"
+        );
         assert!(
             late.is_err(),
             "a submit behind the shutdown was taken: {late:?}"

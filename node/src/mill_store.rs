@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use millrace_core::job::{Identity, JobSpec, JobState};
+use millrace_core::job::{Fingerprint, IdempotencyKey, Identity, JobSpec, JobState};
 use millrace_core::mill::{
-    CancelRecord, JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+    CancelRecord, JobRecord, KeyRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
 };
 use millrace_core::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -79,13 +79,63 @@ pub const SCHEMA_V3: &str = r"
         CREATE INDEX jobs_done_by_age ON jobs (done, updated_at_ms, id);
     ";
 
+/// Schema 4 (issue 13 items 1 and 6): idempotency keys (M31), each written in its job's
+/// insert transaction and deleted in its job's retention transaction; and the encoding of
+/// each job's spec (`spec_format`: 1 for specs written before `env` existed, 2 since).
+pub const SCHEMA_V4: &str = r"
+        CREATE TABLE idem_keys (
+            key TEXT PRIMARY KEY,
+            fingerprint BLOB NOT NULL,
+            job INTEGER NOT NULL
+        );
+        CREATE INDEX idem_keys_by_job ON idem_keys (job);
+        ALTER TABLE jobs ADD COLUMN spec_format INTEGER NOT NULL DEFAULT 1;
+    ";
+
 /// The mill store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "mill",
     file: "mill.db",
     application_id: 0x4d52_4d31,
-    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
 };
+
+/// The `spec_format` new rows are written in: postcard of today's `JobSpec`.
+const SPEC_FORMAT: i64 = 2;
+
+/// A job spec as format 1 encoded it (before `env`), read only to upgrade old rows.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct JobSpecV1 {
+    engine: String,
+    labels: std::collections::BTreeSet<String>,
+    resources: Resources,
+    identity: Identity,
+    timeout: Option<std::time::Duration>,
+    payload: Vec<u8>,
+}
+
+/// Decodes a stored spec of `format`.
+fn decode_spec(bytes: &[u8], format: i64) -> Result<JobSpec, String> {
+    match format {
+        1 => {
+            let v1: JobSpecV1 = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
+            Ok(JobSpec {
+                engine: v1.engine,
+                labels: v1.labels,
+                resources: v1.resources,
+                identity: v1.identity,
+                timeout: v1.timeout,
+                payload: v1.payload,
+                env: std::collections::BTreeMap::new(),
+            })
+        }
+        SPEC_FORMAT => postcard::from_bytes(bytes).map_err(|e| e.to_string()),
+        other => Err(format!(
+            "spec format {other} (this build reads 1 and {SPEC_FORMAT})"
+        )),
+    }
+}
 
 /// What one retention batch deleted from the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,6 +144,8 @@ pub struct Purged {
     pub jobs: Vec<JobId>,
     /// Their status-history rows.
     pub history_rows: u64,
+    /// Their idempotency keys (M31).
+    pub keys: u64,
 }
 
 /// The mill's store, owned by the mill driver.
@@ -148,7 +200,9 @@ impl MillStore {
             ..MillSnapshot::default()
         };
         let mut stmt = conn
-            .prepare("SELECT id, spec, submitted_at_ms, state_json FROM jobs WHERE done = 0")
+            .prepare(
+                "SELECT id, spec, submitted_at_ms, state_json, spec_format FROM jobs WHERE done = 0",
+            )
             .map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
@@ -157,12 +211,13 @@ impl MillStore {
                     r.get::<_, Vec<u8>>(1)?,
                     r.get::<_, i64>(2)?,
                     r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
                 ))
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (id, spec, at, state) = row.map_err(self.sq())?;
-            let spec: JobSpec = postcard::from_bytes(&spec)
+            let (id, spec, at, state, format) = row.map_err(self.sq())?;
+            let spec = decode_spec(&spec, format)
                 .map_err(|e| self.corrupt(format!("job {id}: spec: {e}")))?;
             let state: JobState = serde_json::from_str(&state)
                 .map_err(|e| self.corrupt(format!("job {id}: state: {e}")))?;
@@ -270,6 +325,36 @@ impl MillStore {
             let node = NodeId::new(node).map_err(|e| self.corrupt(format!("quarantine: {e}")))?;
             snap.quarantined.insert(node);
         }
+        let mut stmt = conn
+            .prepare("SELECT key, fingerprint, job FROM idem_keys")
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (key, fingerprint, job) = row.map_err(self.sq())?;
+            let key = IdempotencyKey::new(key)
+                .map_err(|e| self.corrupt(format!("idempotency key of job {job}: {e}")))?;
+            let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice()).map_err(|_| {
+                self.corrupt(format!(
+                    "idempotency key of job {job}: fingerprint of {} bytes",
+                    fingerprint.len()
+                ))
+            })?;
+            snap.keys.insert(
+                key,
+                KeyRecord {
+                    fingerprint: Fingerprint(fingerprint),
+                    job: JobId(to_u64(job)),
+                },
+            );
+        }
         Ok(Some(snap))
     }
 
@@ -366,6 +451,11 @@ impl MillStore {
             tx.prepare_cached("DELETE FROM jobs WHERE id = ?1 AND done = 1")
                 .and_then(|mut st| st.execute(params![id]))
                 .map_err(sq)?;
+            // Its idempotency key expires with it, in the same transaction (M31).
+            purged.keys += tx
+                .prepare_cached("DELETE FROM idem_keys WHERE job = ?1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(sq)? as u64;
             purged.jobs.push(job);
         }
         tx.commit().map_err(sq)?;
@@ -415,8 +505,9 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                 .map_err(|e| WriteError::Encode(e.to_string()))?;
             let state = json(&record.state)?;
             tx.prepare_cached(
-                "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+                "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms,
+                   spec_format)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
                 .and_then(|mut st| st.execute(params![
                     to_i64(job.get()),
                     spec,
@@ -424,7 +515,8 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     record.state.name(),
                     state,
                     matches!(record.state, JobState::Done(_)),
-                    now
+                    now,
+                    SPEC_FORMAT
                 ]))?;
             tx.prepare_cached(
                 "INSERT INTO job_history (job, state, state_json, at_ms) VALUES (?1, ?2, ?3, ?4)",
@@ -432,6 +524,16 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
             .and_then(|mut st| {
                 st.execute(params![to_i64(job.get()), record.state.name(), state, now])
             })?;
+        }
+        MillWrite::KeyInsert { key, record } => {
+            tx.prepare_cached("INSERT INTO idem_keys (key, fingerprint, job) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| {
+                    st.execute(params![
+                        key.as_str(),
+                        record.fingerprint.0.as_slice(),
+                        to_i64(record.job.get())
+                    ])
+                })?;
         }
         MillWrite::JobState { job, state } => {
             let s = json(state)?;
@@ -581,11 +683,11 @@ impl MillReader {
         }
     }
 
-    fn row(&self, r: (i64, Vec<u8>, i64, String, i64)) -> Result<JobRow, StoreError> {
-        let (id, spec, at, state, updated) = r;
+    fn row(&self, r: RawRow) -> Result<JobRow, StoreError> {
+        let (id, spec, at, state, updated, format) = r;
         Ok(JobRow {
             id: JobId(to_u64(id)),
-            spec: postcard::from_bytes(&spec)
+            spec: decode_spec(&spec, format)
                 .map_err(|e| self.err(format!("job {id}: spec: {e}")))?,
             submitted_at_ms: to_u64(at),
             state: serde_json::from_str(&state)
@@ -599,9 +701,9 @@ impl MillReader {
         let raw = self
             .conn
             .query_row(
-                "SELECT id, spec, submitted_at_ms, state_json, updated_at_ms FROM jobs WHERE id = ?1",
+                &format!("{SELECT_JOB} WHERE id = ?1"),
                 params![to_i64(id.get())],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                raw_row,
             )
             .optional()
             .map_err(|source| StoreError::Sqlite {
@@ -641,46 +743,60 @@ impl MillReader {
     }
 
     /// Jobs, newest first, optionally of one state name (`queued`, `running`, `success`, …,
-    /// or `active` / `done`).
-    pub fn jobs(&self, state: Option<&str>, limit: usize) -> Result<Vec<JobRow>, StoreError> {
+    /// or `active` / `done`), only those with ids below `before` when given (the page
+    /// cursor of `GET /v1/jobs?after=`). At most `limit`.
+    pub fn jobs(
+        &self,
+        state: Option<&str>,
+        before: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<JobRow>, StoreError> {
         let sq = |source| StoreError::Sqlite {
             path: self.path.clone(),
             source,
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let base = "SELECT id, spec, submitted_at_ms, state_json, updated_at_ms FROM jobs";
-        let (sql, arg): (String, Option<String>) = match state {
-            None => (format!("{base} ORDER BY id DESC LIMIT ?1"), None),
-            Some("active") => (
-                format!("{base} WHERE done = 0 ORDER BY id DESC LIMIT ?1"),
-                None,
-            ),
-            Some("done") => (
-                format!("{base} WHERE done = 1 ORDER BY id DESC LIMIT ?1"),
-                None,
-            ),
-            Some(s) => (
-                format!("{base} WHERE state = ?2 ORDER BY id DESC LIMIT ?1"),
-                Some(s.to_string()),
-            ),
+        // Ids below the cursor; none given means every id (job ids are below i64::MAX).
+        let below = before.map_or(i64::MAX, |b| to_i64(b.get()));
+        let filter = match state {
+            None => "",
+            Some("active") => "AND done = 0",
+            Some("done") => "AND done = 1",
+            Some(_) => "AND state = ?3",
         };
+        let sql = format!("{SELECT_JOB} WHERE id < ?2 {filter} ORDER BY id DESC LIMIT ?1");
         let mut stmt = self.conn.prepare_cached(&sql).map_err(sq)?;
-        let map =
-            |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?));
-        let raw: Vec<(i64, Vec<u8>, i64, String, i64)> = match &arg {
-            None => stmt
-                .query_map(params![limit], map)
+        let raw: Vec<RawRow> = match state {
+            Some(s) if !matches!(s, "active" | "done") => stmt
+                .query_map(params![limit, below, s], raw_row)
                 .map_err(sq)?
                 .collect::<Result<_, _>>()
                 .map_err(sq)?,
-            Some(a) => stmt
-                .query_map(params![limit, a], map)
+            _ => stmt
+                .query_map(params![limit, below], raw_row)
                 .map_err(sq)?
                 .collect::<Result<_, _>>()
                 .map_err(sq)?,
         };
         raw.into_iter().map(|r| self.row(r)).collect()
     }
+}
+
+/// The columns of a [`JobRow`], in [`raw_row`]'s order.
+const SELECT_JOB: &str =
+    "SELECT id, spec, submitted_at_ms, state_json, updated_at_ms, spec_format FROM jobs";
+
+type RawRow = (i64, Vec<u8>, i64, String, i64, i64);
+
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
 }
 
 #[cfg(test)]
@@ -700,6 +816,7 @@ mod tests {
             },
             timeout: None,
             payload: b"echo hi".to_vec(),
+            env: Default::default(),
         }
     }
 
@@ -723,10 +840,20 @@ mod tests {
                             state: JobState::Queued,
                         }),
                     },
+                    MillWrite::KeyInsert {
+                        key: IdempotencyKey::new("build-1").unwrap(),
+                        record: KeyRecord {
+                            fingerprint: spec().fingerprint(),
+                            job: JobId(1),
+                        },
+                    },
                     MillWrite::JobInsert {
                         job: JobId(2),
                         record: Box::new(JobRecord {
-                            spec: spec(),
+                            spec: JobSpec {
+                                env: [("A".to_string(), "1".to_string())].into(),
+                                ..spec()
+                            },
                             submitted_at_ms: 6,
                             state: JobState::Queued,
                         }),
@@ -801,9 +928,9 @@ mod tests {
         let done = reader.job(JobId(2)).unwrap().unwrap();
         assert_eq!(done.state.name(), "cancelled");
         assert_eq!(reader.history(JobId(1)).unwrap().len(), 2);
-        assert_eq!(reader.jobs(Some("running"), 10).unwrap().len(), 1);
-        assert_eq!(reader.jobs(Some("done"), 10).unwrap().len(), 1);
-        assert_eq!(reader.jobs(None, 10).unwrap().len(), 2);
+        assert_eq!(reader.jobs(Some("running"), None, 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(Some("done"), None, 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(None, None, 10).unwrap().len(), 2);
     }
 
     /// Issue 11 item 7: a retention batch deletes finished jobs (and their history) that
@@ -859,8 +986,33 @@ mod tests {
             .purge_finished(0, Some(u64::MAX), 500, |_| false)
             .unwrap();
         assert_eq!(ids(&p), Vec::<u64>::new());
+        // Job 4's idempotency key goes with it, in the same transaction (M31).
+        store
+            .apply(
+                &[MillBatch {
+                    writes: vec![MillWrite::KeyInsert {
+                        key: IdempotencyKey::new("k4").unwrap(),
+                        record: KeyRecord {
+                            fingerprint: spec().fingerprint(),
+                            job: JobId(4),
+                        },
+                    }],
+                }],
+                200,
+            )
+            .unwrap();
+        let keys = |store: &MillStore| -> i64 {
+            store
+                .opened
+                .conn
+                .query_row("SELECT count(*) FROM idem_keys", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(keys(&store), 1);
         let p = store.purge_finished(u64::MAX, None, 1, |_| false).unwrap();
         assert_eq!(ids(&p), vec![4]);
+        assert_eq!(p.keys, 1, "m31: the key expires with its job");
+        assert_eq!(keys(&store), 0);
         let reader = MillReader::open(store.path()).unwrap();
         assert!(reader.job(JobId(4)).unwrap().is_none());
         assert!(reader.history(JobId(4)).unwrap().is_empty());
@@ -869,7 +1021,7 @@ mod tests {
             JobState::Queued
         );
         assert_eq!(
-            reader.jobs(None, 10).unwrap().len(),
+            reader.jobs(None, None, 10).unwrap().len(),
             1,
             "only the queued job is left"
         );
@@ -900,7 +1052,16 @@ mod tests {
                 "INSERT INTO jobs (id, spec, submitted_at_ms, state, state_json, done, updated_at_ms)
                  VALUES (1, ?1, 5, 'running', ?2, 0, 5)",
                 params![
-                    postcard::to_allocvec(&spec()).unwrap(),
+                    // As format 1 wrote it: no env.
+                    postcard::to_allocvec(&JobSpecV1 {
+                        engine: spec().engine,
+                        labels: spec().labels,
+                        resources: spec().resources,
+                        identity: spec().identity,
+                        timeout: Some(std::time::Duration::from_secs(9)),
+                        payload: spec().payload,
+                    })
+                    .unwrap(),
                     serde_json::to_string(&running).unwrap()
                 ],
             )
@@ -919,12 +1080,18 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 3, "upgraded in place");
+        assert_eq!(version, 4, "upgraded in place");
         let mut reference = store.load().unwrap().unwrap();
         let lease = &reference.leases[&LeaseId(7)];
         assert_eq!(lease.cancel, None, "an old lease has no cancel");
         assert_eq!(lease.state, LeaseState::Running);
         assert_eq!(reference.jobs[&JobId(1)].state, running);
+        let old = &reference.jobs[&JobId(1)].spec;
+        assert_eq!(
+            (old.timeout, old.env.len(), old.payload.as_slice()),
+            (Some(std::time::Duration::from_secs(9)), 0, &b"echo hi"[..]),
+            "a format-1 spec reads back whole, with no env"
+        );
         let batch = MillBatch {
             writes: vec![MillWrite::LeaseCancel {
                 lease: LeaseId(7),

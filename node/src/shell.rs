@@ -113,14 +113,17 @@ impl ShellEngine {
     ) {
         let s = &self.settings;
         let workdir = s.data.join("work").join(lease.get().to_string());
-        let mut env = vec![
+        // The job's own environment first (issue 13 item 6; validated at submit: no
+        // `MILLRACE_` names), then what millrace sets, then secrets: later entries win.
+        let mut env: Vec<(String, String)> = spec.env.into_iter().collect();
+        env.extend([
             ("MILLRACE_JOB_ID".to_string(), job.get().to_string()),
             ("MILLRACE_LEASE_ID".to_string(), lease.get().to_string()),
             (
                 "MILLRACE_WORKDIR".to_string(),
                 workdir.to_string_lossy().into_owned(),
             ),
-        ];
+        ]);
         env.extend(secrets);
         let launch = Launch {
             version: supervisor::PROTOCOL,

@@ -139,7 +139,11 @@ fn a_standalone_runs_twenty_jobs_and_serves_their_logs() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "--wait exits with the job's own code (issue 13 item 6): {out:?}"
+    );
 
     // /metrics parses as Prometheus text and counts what happened.
     let (s, text) = api.get_raw("/metrics", true);

@@ -14,8 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
-use millrace_core::job::{JobSpec, JobState, Terminal, TerminalCause, TerminalStatus};
-use millrace_core::mill::{MillBatch, MillWrite, ViolationKind};
+use millrace_core::job::{
+    IdempotencyKey, JobSpec, JobState, Terminal, TerminalCause, TerminalStatus,
+};
+use millrace_core::mill::{MillBatch, MillWrite, RequestError, Submitted, ViolationKind};
 use millrace_core::quota::Scope;
 use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
@@ -255,6 +257,9 @@ pub struct Bounds {
 pub struct Checker {
     bounds: Bounds,
     inserted: BTreeSet<JobId>,
+    /// Idempotency keys persisted, with their jobs (M31; the simulator has no retention, so
+    /// a key maps to one job for the whole run).
+    keys: BTreeMap<IdempotencyKey, JobId>,
     /// When each job was inserted, and whether a lease of it was ever written: a queue
     /// timeout may end only a job no lease took, `queue_timeout` after its submission.
     queued_since: BTreeMap<JobId, (Micros, bool)>,
@@ -392,6 +397,7 @@ impl Checker {
         Checker {
             bounds,
             inserted: BTreeSet::new(),
+            keys: BTreeMap::new(),
             queued_since: BTreeMap::new(),
             accepted: BTreeMap::new(),
             terminals: BTreeMap::new(),
@@ -454,6 +460,30 @@ impl Checker {
         self.inserted.contains(&job)
     }
 
+    /// M31: a client's retry under an idempotency key the mill made durable for `first`
+    /// answers `first`, creates nothing and stores nothing (`wrote`: the step persisted).
+    pub fn keyed_retry(
+        &self,
+        key: &IdempotencyKey,
+        first: JobId,
+        got: &Result<Submitted, RequestError>,
+        wrote: bool,
+    ) -> Result<(), Violation> {
+        let expected = Submitted {
+            job: first,
+            created: false,
+        };
+        if self.keys.get(key) != Some(&first) || got.as_ref().ok() != Some(&expected) || wrote {
+            return fail(
+                "I2",
+                format!(
+                    "a retry under key {key} of {first} answered {got:?} (wrote: {wrote}); it must answer {first} and store nothing (M31)"
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// Jobs accepted so far.
     pub fn accepted_jobs(&self) -> impl Iterator<Item = (JobId, usize)> + '_ {
         self.accepted.iter().map(|(j, a)| (*j, *a))
@@ -489,6 +519,28 @@ impl Checker {
                         return fail("I2", format!("job id {job} inserted twice"));
                     }
                     self.queued_since.insert(*job, (w.now, false));
+                }
+                MillWrite::KeyInsert { key, record } => {
+                    // M31 with M29: a key is durable in its job's insert batch, never
+                    // without it, and never maps a second job.
+                    let with_job = batch.writes.iter().any(
+                        |w| matches!(w, MillWrite::JobInsert { job, .. } if *job == record.job),
+                    );
+                    if !with_job {
+                        return fail(
+                            "I2",
+                            format!(
+                                "key {key} persisted for {} outside its job's insert batch (M31)",
+                                record.job
+                            ),
+                        );
+                    }
+                    if let Some(old) = self.keys.insert(key.clone(), record.job) {
+                        return fail(
+                            "I2",
+                            format!("key {key} mapped {old}, then {} (M31)", record.job),
+                        );
+                    }
                 }
                 MillWrite::JobState { job, state } => {
                     if let Some(t) = self.terminals.get(job) {

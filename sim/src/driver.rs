@@ -12,8 +12,10 @@ use millrace_core::codec;
 use millrace_core::executor::{
     Executor, ExecutorConfig, ExecutorInput, ExecutorOutput, ExecutorSnapshot, ExecutorWrite,
 };
-use millrace_core::job::{JobSpec, LogRef, TerminalCause, TerminalStatus};
-use millrace_core::mill::{Mill, MillInput, MillOutput, MillWrite, Observation, RequestError};
+use millrace_core::job::{IdempotencyKey, JobSpec, LogRef, TerminalCause, TerminalStatus};
+use millrace_core::mill::{
+    Mill, MillInput, MillOutput, MillWrite, Observation, RequestError, Submitted,
+};
 use millrace_core::wire::{ToExecutor, ToMill};
 use millrace_core::JobState;
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
@@ -79,6 +81,8 @@ enum Ev {
         orphaned: u32,
     },
     Arrive(usize),
+    /// The client of an accepted arrival submits it again under its idempotency key (M31).
+    Resubmit(usize),
     UserCancel(usize),
     Fault(usize),
     Unblock {
@@ -157,6 +161,8 @@ pub struct Stats {
     pub packets: u64,
     /// Jobs accepted.
     pub accepted: u64,
+    /// Keyed retries of accepted jobs answered (M31).
+    pub resubmits: u64,
     /// Protocol violations the mill observed.
     pub violations: u64,
     /// Ticks a lagging driver delivered after their deadline (I12).
@@ -598,6 +604,7 @@ impl Sim {
                 orphaned,
             } => self.supervisor_grace(exec, lease, run, orphaned),
             Ev::Arrive(k) => self.arrive(k),
+            Ev::Resubmit(k) => self.resubmit(k),
             Ev::UserCancel(k) => {
                 if let Some(job) = self.w.job_of_arrival[k] {
                     watch::user_cancel(&self.w, job, &mut self.cov);
@@ -928,11 +935,25 @@ impl Sim {
 
     /// A client's submit, through [`Mill::submit`]; `None` if the mill is down.
     fn mill_submit(&mut self, spec: JobSpec, at_ms: u64) -> Option<Result<JobId, RequestError>> {
+        self.mill_submit_keyed(spec, at_ms, None)
+            .map(|r| r.map(|s| s.job))
+    }
+
+    /// A client's submit under an optional idempotency key, through
+    /// [`Mill::submit_keyed`] (M31); `None` if the mill is down.
+    fn mill_submit_keyed(
+        &mut self,
+        spec: JobSpec,
+        at_ms: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Option<Result<Submitted, RequestError>> {
         let line = self
             .trace
             .enabled()
             .then(|| line_of(|s| trace::mill_submit(s, &spec)));
-        self.mill_step(line, false, |mill, now| mill.submit(now, spec, at_ms))
+        self.mill_step(line, false, |mill, now| {
+            mill.submit_keyed(now, spec, at_ms, key)
+        })
     }
 
     /// A user's cancel, through [`Mill::cancel`]; `None` if the mill is down.
@@ -2837,7 +2858,9 @@ impl Sim {
         match arrival {
             Arrival::Job { spec, cancel_after } => {
                 let timeout = spec.timeout;
-                let r = self.mill_submit(spec, now / MS);
+                let r = self
+                    .mill_submit_keyed(spec, now / MS, Some(arrival_key(k)))
+                    .map(|r| r.map(|s| s.job));
                 match r {
                     Some(Ok(job)) => {
                         if self.c.inserted(job) {
@@ -2850,6 +2873,11 @@ impl Sim {
                             self.c.timeout_armed(job, now, timeout);
                             if let Some(after) = cancel_after {
                                 self.at(now + after, Ev::UserCancel(k));
+                            }
+                            // Every fourth client retries as if the answer was lost (M31);
+                            // by arrival index, so no random stream moves.
+                            if k % RESUBMIT_EVERY == 0 {
+                                self.at(now + SEC, Ev::Resubmit(k));
                             }
                         } else {
                             // The mill crashed before the insert was durable: no answer
@@ -2895,10 +2923,41 @@ impl Sim {
         }
     }
 
+    /// M31: an accepted arrival's client submits it again under the same key; the mill
+    /// must answer the same job and store nothing, across mill restarts too.
+    fn resubmit(&mut self, k: usize) {
+        let now = self.w.now;
+        let (Some(first), (_, Arrival::Job { spec, .. })) = (
+            self.w.job_of_arrival[k],
+            self.w.workload.arrivals[k].clone(),
+        ) else {
+            return;
+        };
+        if self.w.mill.is_none() {
+            self.at(now + SEC, Ev::Resubmit(k));
+            return;
+        }
+        let key = arrival_key(k);
+        if let Some(got) = self.mill_submit_keyed(spec, now / MS, Some(key.clone())) {
+            self.stats.resubmits += 1;
+            let r = self.c.keyed_retry(&key, first, &got, self.step_wrote);
+            self.check(r);
+        }
+    }
+
     /// The liveness deadline, once the faults have healed.
     pub fn deadline(&self) -> Option<Micros> {
         self.deadline
     }
+}
+
+/// One accepted arrival in this many is submitted again by its client (M31).
+const RESUBMIT_EVERY: usize = 4;
+
+/// The idempotency key the client of arrival `k` submits under (M31).
+fn arrival_key(k: usize) -> IdempotencyKey {
+    // "arrival-" and a decimal index: always 1-256 printable ASCII characters.
+    IdempotencyKey::new(format!("arrival-{k}")).unwrap_or_else(|e| unreachable!("{e}"))
 }
 
 fn dur(d: Duration) -> Micros {

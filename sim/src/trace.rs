@@ -331,6 +331,9 @@ fn mill_write(s: &mut String, w: &MillWrite) {
         MillWrite::JobInsert { job, .. } => {
             let _ = write!(s, "insert({job})");
         }
+        MillWrite::KeyInsert { key, record } => {
+            let _ = write!(s, "key({key} {})", record.job);
+        }
         MillWrite::JobState { job, state: st } => {
             let _ = write!(s, "state({job} ");
             state(s, st);

@@ -294,6 +294,7 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) 
         identity,
         timeout,
         payload: format!("job {k}").into_bytes(),
+        env: Default::default(),
     }
 }
 
@@ -309,6 +310,7 @@ pub(crate) fn plain_spec() -> JobSpec {
         },
         timeout: None,
         payload: Vec::new(),
+        env: Default::default(),
     }
 }
 

@@ -228,7 +228,7 @@ impl Executor {
                 job,
                 spec,
                 ttl,
-            } => self.on_reserve(now, conn, lease, job, spec, ttl),
+            } => self.on_reserve(now, conn, lease, job, *spec, ttl),
             ToExecutor::CommitLease { lease, secrets } => self.on_commit(conn, lease, secrets),
             ToExecutor::ReleaseLease { lease } => self.on_release(lease),
             ToExecutor::CancelAttempt { lease, reason } => self.on_cancel(conn, lease, reason),

@@ -45,6 +45,7 @@ fn spec(engine: &str) -> JobSpec {
         },
         timeout: None,
         payload: b"make test".to_vec(),
+        env: Default::default(),
     }
 }
 
@@ -358,7 +359,7 @@ impl Harness {
         self.mill(ToExecutor::ReserveSeat {
             lease,
             job: JobId(lease.get() + 100),
-            spec,
+            spec: Box::new(spec),
             ttl: secs(45),
         })
     }
@@ -496,7 +497,7 @@ fn e2_repeated_reserve_is_idempotent_and_a_conflicting_one_is_refused() {
     let conflicting = h.mill(ToExecutor::ReserveSeat {
         lease: L1,
         job: JobId(999),
-        spec: spec("docker"),
+        spec: Box::new(spec("docker")),
         ttl: secs(45),
     });
     let (accepted, reject, _, _) = reserve_result(&conflicting);
@@ -513,7 +514,7 @@ fn e3_uncommitted_reservation_frees_itself_after_ttl() {
     let outs = h.mill(ToExecutor::ReserveSeat {
         lease: L1,
         job: JobId(1),
-        spec: spec("shell"),
+        spec: Box::new(spec("shell")),
         ttl: secs(2),
     });
     assert!(reserve_result(&outs).0);
@@ -538,7 +539,7 @@ fn e3_ttl_is_capped_by_reconnect_grace() {
     h.mill(ToExecutor::ReserveSeat {
         lease: L1,
         job: JobId(1),
-        spec: spec("docker"),
+        spec: Box::new(spec("docker")),
         ttl: secs(3600),
     });
     h.advance(secs(44));

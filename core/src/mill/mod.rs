@@ -15,6 +15,7 @@ mod audit;
 mod cancel;
 mod config;
 mod events;
+mod keys;
 mod placement;
 mod restart;
 mod session;
@@ -31,11 +32,11 @@ use std::time::Duration;
 pub use config::{ConfigError, MillConfig};
 pub use placement::{RankIndex, RankKey};
 pub use store::{
-    CancelRecord, JobRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+    CancelRecord, JobRecord, KeyRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
 };
 pub use view::SessionView;
 
-use crate::job::{JobSpec, JobState, SpecError, Terminal};
+use crate::job::{IdempotencyKey, JobSpec, JobState, SpecError, Terminal};
 use crate::quota::QuotaLedger;
 use crate::timers::TimerTable;
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
@@ -99,6 +100,24 @@ pub enum RequestError {
         /// The node.
         node: NodeId,
     },
+    /// The idempotency key was used for a different spec (M31).
+    #[error("Idempotency-Key {key:?} was already used for job {job} with a different spec")]
+    KeyConflict {
+        /// The key.
+        key: IdempotencyKey,
+        /// The job it maps to.
+        job: JobId,
+    },
+}
+
+/// What a submit did (M31).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    /// The job.
+    pub job: JobId,
+    /// True when this submit created it; false when its key named an existing job with
+    /// the same spec (nothing was stored).
+    pub created: bool,
 }
 
 /// What the mill asks its driver to do, in order.
@@ -445,6 +464,8 @@ pub struct Mill {
     /// Nodes whose rank-index entry is stale (see `flush_index`).
     index_dirty: BTreeSet<NodeId>,
     quota: QuotaLedger,
+    /// Idempotency keys (M31).
+    keys: keys::Keys,
 
     next_job: JobId,
     next_lease: LeaseId,
@@ -491,6 +512,7 @@ impl Mill {
             rank: RankIndex::default(),
             index_dirty: BTreeSet::new(),
             quota,
+            keys: keys::Keys::default(),
             next_job: JobId(1),
             next_lease: LeaseId(1),
             lease_floor: LeaseId(1),
@@ -531,10 +553,52 @@ impl Mill {
         spec: JobSpec,
         submitted_at_ms: u64,
     ) -> Result<JobId, RequestError> {
+        self.submit_keyed(now, spec, submitted_at_ms, None)
+            .map(|s| s.job)
+    }
+
+    /// [`Mill::submit`] with an idempotency key (M31): a key already used with the same
+    /// spec answers its job and stores nothing (even when the queue is full: that job is
+    /// already accepted); with a different spec it is refused with
+    /// [`RequestError::KeyConflict`]. A new key is persisted in the job's insert batch.
+    pub fn submit_keyed(
+        &mut self,
+        now: Time,
+        spec: JobSpec,
+        submitted_at_ms: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Submitted, RequestError> {
         self.begin_step(now);
-        let result = self.enqueue(spec, submitted_at_ms);
+        let result = self.enqueue_keyed(spec, submitted_at_ms, key);
         self.finish_step();
         result
+    }
+
+    /// Retention deleted these finished jobs from the store, with their idempotency keys in
+    /// the same transaction (M31): the mill forgets the keys too, so a later submit under
+    /// one of them makes a new job. Nothing is persisted (the store already holds the
+    /// result); a job the mill still runs keeps its key.
+    pub fn forget_keys_of(&mut self, jobs: &[JobId]) {
+        for job in jobs {
+            if !self.jobs.contains_key(job) {
+                self.keys.forget_job(*job);
+            }
+        }
+    }
+
+    /// Every idempotency key the mill holds, in key order (M31; read-only, for audits).
+    pub fn idempotency_keys(&self) -> impl Iterator<Item = (&IdempotencyKey, &KeyRecord)> + '_ {
+        self.keys.iter()
+    }
+
+    /// How many idempotency keys the mill holds (`/metrics`).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The job an idempotency key maps to, if the mill holds the key (M31).
+    pub fn key_job(&self, key: &IdempotencyKey) -> Option<JobId> {
+        self.keys.get(key).map(|r| r.job)
     }
 
     /// A client cancels a job (M26); `reason` is kept for the record.
@@ -740,6 +804,42 @@ impl Mill {
     }
 
     // ---- jobs ---------------------------------------------------------------------------------
+
+    fn enqueue_keyed(
+        &mut self,
+        spec: JobSpec,
+        submitted_at_ms: u64,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Submitted, RequestError> {
+        spec.validate()?;
+        let Some(key) = key else {
+            let job = self.enqueue(spec, submitted_at_ms)?;
+            return Ok(Submitted { job, created: true });
+        };
+        let fingerprint = spec.fingerprint();
+        if let Some(existing) = self.keys.get(&key) {
+            return if existing.fingerprint == fingerprint {
+                Ok(Submitted {
+                    job: existing.job,
+                    created: false,
+                })
+            } else {
+                Err(RequestError::KeyConflict {
+                    job: existing.job,
+                    key,
+                })
+            };
+        }
+        let job = self.enqueue(spec, submitted_at_ms)?;
+        let record = KeyRecord { fingerprint, job };
+        // After the job's insert, in the same batch (M31, M29).
+        self.persist(MillWrite::KeyInsert {
+            key: key.clone(),
+            record,
+        });
+        self.keys.insert(key, record);
+        Ok(Submitted { job, created: true })
+    }
 
     fn enqueue(&mut self, spec: JobSpec, submitted_at_ms: u64) -> Result<JobId, RequestError> {
         spec.validate()?;

@@ -525,7 +525,7 @@ impl Mill {
             ToExecutor::ReserveSeat {
                 lease,
                 job,
-                spec,
+                spec: Box::new(spec),
                 ttl: self.config.reconnect_grace,
             },
         );

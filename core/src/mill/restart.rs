@@ -24,6 +24,11 @@ impl Mill {
         self.lease_floor = self.next_lease;
         self.cursors = snap.cursors;
         self.quarantined = snap.quarantined;
+        // Keys of active and finished jobs alike (M31): a retry after the restart still
+        // finds its job.
+        for (key, record) in snap.keys {
+            self.keys.insert(key, record);
+        }
 
         let mut running = 0usize;
         let mut published = 0usize;

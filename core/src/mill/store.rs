@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Identity, JobSpec, JobState, TerminalCause, TerminalStatus};
+use crate::job::{
+    Fingerprint, IdempotencyKey, Identity, JobSpec, JobState, TerminalCause, TerminalStatus,
+};
 use crate::types::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 
 /// Where a durable lease stands.
@@ -67,6 +69,15 @@ pub struct JobRecord {
     pub state: JobState,
 }
 
+/// What an idempotency key maps to (M31).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The fingerprint of the spec first submitted under the key.
+    pub fingerprint: Fingerprint,
+    /// The job that submit created.
+    pub job: JobId,
+}
+
 /// One durable change. Drivers match these exhaustively.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MillWrite {
@@ -86,6 +97,15 @@ pub enum MillWrite {
         /// (most are a few words: lease deletes, quota releases, cursors) is as large as the
         /// largest variant. Serialized exactly as an unboxed record.
         record: Box<JobRecord>,
+    },
+    /// A submit's idempotency key (M31), in the same batch as its job's insert (right after
+    /// it), so that a crash never leaves a job without its key or a key without its job.
+    /// Kept until retention deletes the job (then the driver deletes the key with it).
+    KeyInsert {
+        /// The key.
+        key: IdempotencyKey,
+        /// What it maps to.
+        record: KeyRecord,
     },
     /// A job's new state; also one entry of its status history.
     JobState {
@@ -173,9 +193,17 @@ pub struct MillSnapshot {
     pub quota_holds: BTreeMap<JobId, (Identity, Resources)>,
     /// Quarantined nodes.
     pub quarantined: BTreeSet<NodeId>,
+    /// Idempotency keys (M31), of active and finished jobs alike, until retention.
+    pub keys: BTreeMap<IdempotencyKey, KeyRecord>,
 }
 
 impl MillSnapshot {
+    /// What a store's retention does with the keys of `jobs` as it deletes those finished
+    /// jobs (M31: keys expire with their jobs, in the same transaction).
+    pub fn forget_keys_of(&mut self, jobs: &BTreeSet<JobId>) {
+        self.keys.retain(|_, r| !jobs.contains(&r.job));
+    }
+
     /// Applies a batch exactly as a durable store must.
     pub fn apply(&mut self, batch: &MillBatch) {
         for write in &batch.writes {
@@ -194,6 +222,9 @@ impl MillSnapshot {
             }
             MillWrite::JobInsert { job, record } => {
                 self.jobs.insert(*job, JobRecord::clone(record));
+            }
+            MillWrite::KeyInsert { key, record } => {
+                self.keys.insert(key.clone(), *record);
             }
             MillWrite::JobState { job, state } => {
                 if matches!(state, JobState::Done(_)) {

@@ -3,6 +3,7 @@
 
 mod cancel;
 mod events;
+mod keys;
 mod placement;
 mod restart;
 mod review;
@@ -57,6 +58,7 @@ pub(super) fn spec() -> JobSpec {
         },
         timeout: None,
         payload: b"echo hi".to_vec(),
+        env: Default::default(),
     }
 }
 

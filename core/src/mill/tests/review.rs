@@ -1044,6 +1044,9 @@ fn check_store(m: &Mill, store: &MillSnapshot, at: &str) {
     let stored: Vec<JobId> = store.quota_holds.keys().copied().collect();
     assert_eq!(holds, stored, "{at}: stored quota holds differ");
     assert_eq!(&m.quarantined, &store.quarantined, "{at}: quarantine list");
+    let keys: Vec<_> = m.idempotency_keys().map(|(k, r)| (k.clone(), *r)).collect();
+    let stored: Vec<_> = store.keys.iter().map(|(k, r)| (k.clone(), *r)).collect();
+    assert_eq!(keys, stored, "{at}: M31: stored idempotency keys differ");
     for n in &m.quarantined {
         assert!(
             !m.node_leases.contains_key(n),
