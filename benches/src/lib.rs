@@ -256,21 +256,7 @@ impl Fleet {
     /// Applies one batch of terminal events from `conn` for `leases` and consumes the
     /// outputs (one `Persist` with every write of the batch, the job updates, the ack).
     pub fn finish(&mut self, conn: ConnId, leases: &[LeaseId]) {
-        let next = self.seqnos.entry(conn).or_insert(0);
-        let events = leases
-            .iter()
-            .map(|lease| {
-                *next += 1;
-                success(Seqno(*next), *lease)
-            })
-            .collect();
-        self.msg(
-            conn,
-            ToMill::EventBatch {
-                epoch: Epoch(1),
-                events,
-            },
-        );
+        self.finish_keeping(conn, leases);
         self.consume();
     }
 

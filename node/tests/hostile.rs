@@ -119,15 +119,7 @@ fn preauth_flood_is_bounded_and_an_honest_executor_still_connects() {
     wait_for("the flood to start", || {
         (opened.load(Ordering::Relaxed) >= 1_000).then_some(())
     });
-    let token_file = mill.data.join("token");
-    let _exec = start_executor(
-        root.path(),
-        &mill.addrs.executor,
-        "honest",
-        1,
-        &token_file,
-        &timing("5s", "2s"),
-    );
+    let _exec = start_honest(root.path(), &mill);
     wait_for("the honest executor's session", || {
         if opened.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
             return Some(());
@@ -710,6 +702,18 @@ fn run_as_runs_jobs_as_an_unprivileged_user() {
     );
 }
 
+/// An honest one-seat executor named `honest`, on the test timers, for `mill`.
+fn start_honest(root: &Path, mill: &Mill) -> common::Proc {
+    start_executor(
+        root,
+        &mill.addrs.executor,
+        "honest",
+        1,
+        &mill.data.join("token"),
+        &timing("5s", "2s"),
+    )
+}
+
 /// The mill's open descriptors, from /proc.
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
@@ -752,15 +756,7 @@ fn a_low_descriptor_limit_cuts_the_caps_and_a_flood_cannot_starve_the_store() {
             peak = peak.max(open_fds(pid));
         }
     }
-    let token_file = mill.data.join("token");
-    let _exec = start_executor(
-        root.path(),
-        &mill.addrs.executor,
-        "honest",
-        1,
-        &token_file,
-        &timing("5s", "2s"),
-    );
+    let _exec = start_honest(root.path(), &mill);
     wait_for("the honest executor's session", || {
         mill.api.ready("honest").then_some(())
     });
