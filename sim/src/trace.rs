@@ -465,6 +465,9 @@ pub fn exec_input(s: &mut String, i: &ExecutorInput) {
         } => {
             let _ = write!(s, "< log {lease} @{offset} {}B", bytes.len());
         }
+        ExecutorInput::JobLost { lease } => {
+            let _ = write!(s, "< lost {lease}");
+        }
         ExecutorInput::Drain => s.push_str("< drain"),
         ExecutorInput::Tick => s.push_str("< tick"),
         _ => s.push_str("< (an input this simulator does not know)"),
