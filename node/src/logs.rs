@@ -121,6 +121,16 @@ pub struct Index {
 }
 
 impl Index {
+    /// Where the output ends as far as a log file of `size` bytes and this index know: the
+    /// furthest of the file's end, any hole's end and the recorded end.
+    fn output_end(&self, size: u64) -> u64 {
+        self.holes
+            .iter()
+            .map(|h| h.1)
+            .chain(self.end)
+            .fold(size, u64::max)
+    }
+
     /// Parses an index; malformed lines are skipped (and logged).
     pub fn parse(text: &str) -> Index {
         let mut idx = Index::default();
@@ -189,12 +199,7 @@ impl Open {
             .open(&path)?;
         let size = file.metadata()?.len();
         let idx = Index::load(data, job)?;
-        let end = idx
-            .holes
-            .iter()
-            .map(|h| h.1)
-            .chain(idx.end)
-            .fold(size, u64::max);
+        let end = idx.output_end(size);
         Ok(Open {
             file,
             lease: idx.lease.map(|l| l.0),
@@ -336,12 +341,7 @@ pub fn read_stored(
     };
     let cap = idx.cut.unwrap_or(MAX_JOB_LOG).min(MAX_JOB_LOG);
     let stored = size.min(cap);
-    let end = idx
-        .holes
-        .iter()
-        .map(|h| h.1)
-        .chain(idx.end)
-        .fold(size, u64::max);
+    let end = idx.output_end(size);
     if complete && cursor > end {
         return Err(ReadError::PastEnd { cursor, end });
     }
