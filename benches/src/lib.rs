@@ -51,6 +51,9 @@ pub struct Fleet {
 /// The job every fleet benchmark places.
 pub fn job_spec() -> JobSpec {
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: "shell".into(),
         labels: BTreeSet::new(),
         resources: Resources::new(),
@@ -92,6 +95,7 @@ impl Fleet {
             f.msg(
                 conn,
                 ToMill::Hello {
+                    stop_grace: std::time::Duration::from_secs(10),
                     protocol_version: PROTOCOL_VERSION,
                     node_id: format!("exec-{i:05}"),
                     epoch: Epoch(1),

@@ -395,6 +395,7 @@ mod tests {
 
     fn hello(version: u32) -> ToMill {
         ToMill::Hello {
+            stop_grace: std::time::Duration::from_secs(10),
             protocol_version: version,
             node_id: "exec-1.rack_2".into(),
             epoch: Epoch(7),
@@ -532,6 +533,9 @@ mod tests {
                 lease: LeaseId(13),
                 job: JobId(5),
                 spec: Box::new(JobSpec {
+                    retry: Default::default(),
+                    priority: 0,
+                    node: None,
                     engine: "shell".into(),
                     labels: ["linux", "gpu"].iter().map(|s| s.to_string()).collect(),
                     resources: resources(&[("cpu_millis", 500), ("memory_mb", 1024)]),
@@ -691,6 +695,9 @@ mod tests {
         use crate::job::{MAX_ENV_BYTES, MAX_ENV_VARS, MAX_LABELS, MAX_PAYLOAD, MAX_SCOPE_NAME};
         let value = "v".repeat(MAX_ENV_BYTES / MAX_ENV_VARS - 4);
         let spec = JobSpec {
+            retry: Default::default(),
+            priority: 0,
+            node: None,
             engine: "e".repeat(crate::types::MAX_NAME_LEN),
             labels: (0..MAX_LABELS).map(|i| format!("{i:0>64}")).collect(),
             resources: (0..crate::types::MAX_RESOURCES)

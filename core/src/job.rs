@@ -22,6 +22,93 @@ pub const MAX_ENV_BYTES: usize = 32 * 1024;
 pub const RESERVED_ENV_PREFIX: &str = "MILLRACE_";
 /// Longest idempotency key (M31).
 pub const MAX_KEY_LEN: usize = 256;
+/// Most retries a job's policy may ask for (M32).
+pub const MAX_RETRIES: u32 = 20;
+
+/// What may end an attempt and start the next one (M32). Only ends where the job did not
+/// run to its own result, plus `Failed` for a user who wants a failing job run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    /// The executor was lost (M5 grace expiry, a replaced store, quarantine) or fenced
+    /// itself off (E12).
+    ExecutorLost,
+    /// The executor restarted and the job's process died with it (E9).
+    ExecutorRestarted,
+    /// The executor no longer had the job (M8).
+    NoLongerHasJob,
+    /// The engine ran the job and it failed by itself (a non-zero exit).
+    Failed,
+}
+
+impl RetryOn {
+    /// Every value, in order.
+    pub const ALL: [RetryOn; 4] = [
+        RetryOn::ExecutorLost,
+        RetryOn::ExecutorRestarted,
+        RetryOn::NoLongerHasJob,
+        RetryOn::Failed,
+    ];
+
+    /// The stable name (JSON, the CLI).
+    pub fn name(self) -> &'static str {
+        match self {
+            RetryOn::ExecutorLost => "executor_lost",
+            RetryOn::ExecutorRestarted => "executor_restarted",
+            RetryOn::NoLongerHasJob => "no_longer_has_job",
+            RetryOn::Failed => "failed",
+        }
+    }
+
+    /// Parses [`RetryOn::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == s)
+    }
+
+    /// Which retry cause, if any, an attempt's end is.
+    pub fn of(status: TerminalStatus, cause: Option<TerminalCause>) -> Option<Self> {
+        match cause? {
+            TerminalCause::ExecutorLost
+            | TerminalCause::ExecutorReplaced
+            | TerminalCause::LostContact
+            | TerminalCause::Quarantined => Some(RetryOn::ExecutorLost),
+            TerminalCause::ExecutorRestarted => Some(RetryOn::ExecutorRestarted),
+            TerminalCause::NoLongerHasJob => Some(RetryOn::NoLongerHasJob),
+            TerminalCause::Reported if status == TerminalStatus::Failed => Some(RetryOn::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A job's retry policy (M32): how many more attempts it may get, and which ends start one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts after the first (0..=[`MAX_RETRIES`]); 0 means the job runs at most once.
+    pub retries: u32,
+    /// Which ends retry; by default the executor's failures, never the job's own.
+    pub on: BTreeSet<RetryOn>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            retries: 0,
+            on: [
+                RetryOn::ExecutorLost,
+                RetryOn::ExecutorRestarted,
+                RetryOn::NoLongerHasJob,
+            ]
+            .into(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The policy retries an attempt that ended so.
+    pub fn retries_on(&self, status: TerminalStatus, cause: Option<TerminalCause>) -> bool {
+        RetryOn::of(status, cause).is_some_and(|r| self.on.contains(&r))
+    }
+}
 
 /// Who a job is charged to (quota scopes, §6).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -53,6 +140,12 @@ pub struct JobSpec {
     /// 6): at most [`MAX_ENV_VARS`] names of `[A-Za-z_][A-Za-z0-9_]*` not starting with
     /// [`RESERVED_ENV_PREFIX`], at most [`MAX_ENV_BYTES`] in all.
     pub env: BTreeMap<String, String>,
+    /// Retries (M32).
+    pub retry: RetryPolicy,
+    /// Among one owner's waiting jobs, higher goes first (M33); 0 by default.
+    pub priority: i32,
+    /// The one node it may run on (M34), if pinned.
+    pub node: Option<NodeId>,
 }
 
 impl fmt::Debug for JobSpec {
@@ -65,6 +158,9 @@ impl fmt::Debug for JobSpec {
             .field("timeout", &self.timeout)
             .field("payload", &String::from_utf8_lossy(&self.payload))
             .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("retry", &self.retry)
+            .field("priority", &self.priority)
+            .field("node", &self.node)
             .finish()
     }
 }
@@ -135,7 +231,7 @@ impl fmt::Display for Fingerprint {
 }
 
 /// The tag hashed before the spec: a new spec layout gets a new tag.
-const FINGERPRINT_TAG: &[u8] = b"millrace-spec-v2\0";
+const FINGERPRINT_TAG: &[u8] = b"millrace-spec-v3\0";
 
 /// Why a job spec was refused; each variant names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -206,6 +302,20 @@ pub enum SpecError {
         /// The variable's name (never its value).
         name: String,
     },
+    /// `retry.retries` is above [`MAX_RETRIES`].
+    #[error("retry.retries: {retries}, at most {max}")]
+    Retries {
+        /// Given.
+        retries: u32,
+        /// The bound.
+        max: u32,
+    },
+    /// `retry.on` is empty while `retry.retries` is not: nothing would ever retry.
+    #[error("retry.on: empty, so retry.retries {retries} could never be used")]
+    RetryOnEmpty {
+        /// Given.
+        retries: u32,
+    },
     /// `env` is too large in all.
     #[error("env: {bytes} bytes of names and values, at most {max}")]
     EnvSize {
@@ -231,6 +341,8 @@ impl SpecError {
             | SpecError::EnvReserved { .. }
             | SpecError::EnvValue { .. }
             | SpecError::EnvSize { .. } => "env",
+            SpecError::Retries { .. } => "retry.retries",
+            SpecError::RetryOnEmpty { .. } => "retry.on",
         }
     }
 }
@@ -274,6 +386,16 @@ impl JobSpec {
             if value.is_empty() || value.len() > MAX_SCOPE_NAME {
                 return Err(SpecError::Identity { field });
             }
+        }
+        let retries = self.retry.retries;
+        if retries > MAX_RETRIES {
+            return Err(SpecError::Retries {
+                retries,
+                max: MAX_RETRIES,
+            });
+        }
+        if retries > 0 && self.retry.on.is_empty() {
+            return Err(SpecError::RetryOnEmpty { retries });
         }
         self.validate_env()
     }
@@ -544,6 +666,9 @@ mod tests {
 
     pub(crate) fn spec() -> JobSpec {
         JobSpec {
+            retry: Default::default(),
+            priority: 0,
+            node: None,
             engine: "shell".into(),
             labels: BTreeSet::new(),
             resources: Resources::new(),

@@ -17,7 +17,9 @@ use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 /// 3: `Welcome` carries the mill's [`SessionTimers`] (M1, M9, E12: the timers of a session
 /// agree by construction). 4: `LiveLog` carries the offset of its first byte in the lease's
 /// output (E15: a reader sees bytes that never arrived as a gap, never as continuity).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: a job spec carries its retry policy, priority and pinned node (M32–M34), and `Hello`
+/// the executor's stop grace (M32: how long a fenced run may take to stop).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -115,6 +117,10 @@ pub enum ToMill {
         labels: Vec<String>,
         /// Engines it runs.
         engines: Vec<String>,
+        /// How long the executor gives a job between the polite stop and the kill: the mill
+        /// refuses an executor whose stop grace exceeds its `retry_fence` (M32), since a
+        /// retry after a lost executor waits only that long for the fenced run to be gone.
+        stop_grace: Duration,
     },
     /// Capacity and the leases the executor holds (reserved or running).
     Snapshot {

@@ -431,6 +431,9 @@ impl World {
 
 fn spec(engine: &str, labels: &[&str], owner: &str, ms: u64, code: i32) -> JobSpec {
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: engine.into(),
         labels: labels.iter().map(|s| s.to_string()).collect(),
         resources: Resources::new(),

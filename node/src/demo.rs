@@ -98,6 +98,9 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
     let mut ids = Vec::with_capacity(args.jobs);
     for i in 0..args.jobs {
         let spec = JobSpec {
+            retry: Default::default(),
+            priority: 0,
+            node: None,
             engine: "shell".into(),
             labels: Default::default(),
             resources: Default::default(),

@@ -504,6 +504,9 @@ async fn submit(
         }
     }
     let spec = JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: b.engine,
         labels: b.labels,
         resources: b.resources,

@@ -34,6 +34,7 @@ pub async fn fake_executor(
     stream.set_nodelay(true)?;
     let epoch = Epoch(crate::sqlite::random_u64()?);
     let hello = ToMill::Hello {
+        stop_grace: std::time::Duration::from_secs(10),
         protocol_version: PROTOCOL_VERSION,
         node_id: node,
         epoch,

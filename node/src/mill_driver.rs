@@ -875,6 +875,9 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
+            retry: Default::default(),
+            priority: 0,
+            node: None,
             engine: "shell".into(),
             labels: BTreeSet::new(),
             resources: Resources::new(),
@@ -923,6 +926,7 @@ mod tests {
         MillCmd::Net(MillInput::Message {
             conn,
             msg: ToMill::Hello {
+                stop_grace: std::time::Duration::from_secs(10),
                 protocol_version: PROTOCOL_VERSION,
                 node_id: "x1".into(),
                 epoch: Epoch(7),

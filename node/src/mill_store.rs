@@ -100,8 +100,39 @@ pub const SCHEMA: Schema = Schema {
     migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
 };
 
-/// The `spec_format` new rows are written in: postcard of today's `JobSpec`.
-const SPEC_FORMAT: i64 = 2;
+/// The `spec_format` new rows are written in: postcard of today's `JobSpec` (3: with
+/// `retry`, `priority` and `node`, issue 13 items 2–4).
+const SPEC_FORMAT: i64 = 3;
+
+/// A job spec as format 2 encoded it (before `retry`, `priority`, `node`).
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct JobSpecV2 {
+    engine: String,
+    labels: std::collections::BTreeSet<String>,
+    resources: Resources,
+    identity: Identity,
+    timeout: Option<std::time::Duration>,
+    payload: Vec<u8>,
+    env: std::collections::BTreeMap<String, String>,
+}
+
+impl From<JobSpecV2> for JobSpec {
+    fn from(v2: JobSpecV2) -> Self {
+        JobSpec {
+            engine: v2.engine,
+            labels: v2.labels,
+            resources: v2.resources,
+            identity: v2.identity,
+            timeout: v2.timeout,
+            payload: v2.payload,
+            env: v2.env,
+            retry: Default::default(),
+            priority: 0,
+            node: None,
+        }
+    }
+}
 
 /// A job spec as format 1 encoded it (before `env`), read only to upgrade old rows.
 #[derive(serde::Deserialize)]
@@ -120,7 +151,7 @@ fn decode_spec(bytes: &[u8], format: i64) -> Result<JobSpec, String> {
     match format {
         1 => {
             let v1: JobSpecV1 = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
-            Ok(JobSpec {
+            Ok(JobSpecV2 {
                 engine: v1.engine,
                 labels: v1.labels,
                 resources: v1.resources,
@@ -128,11 +159,16 @@ fn decode_spec(bytes: &[u8], format: i64) -> Result<JobSpec, String> {
                 timeout: v1.timeout,
                 payload: v1.payload,
                 env: std::collections::BTreeMap::new(),
-            })
+            }
+            .into())
+        }
+        2 => {
+            let v2: JobSpecV2 = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
+            Ok(v2.into())
         }
         SPEC_FORMAT => postcard::from_bytes(bytes).map_err(|e| e.to_string()),
         other => Err(format!(
-            "spec format {other} (this build reads 1 and {SPEC_FORMAT})"
+            "spec format {other} (this build reads 1 to {SPEC_FORMAT})"
         )),
     }
 }
@@ -807,6 +843,9 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
+            retry: Default::default(),
+            priority: 0,
+            node: None,
             engine: "shell".into(),
             labels: BTreeSet::new(),
             resources: Resources::new(),

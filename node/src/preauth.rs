@@ -458,6 +458,7 @@ mod tests {
 
     fn hello(node: &str, token: &str) -> ToMill {
         ToMill::Hello {
+            stop_grace: std::time::Duration::from_secs(10),
             protocol_version: millrace_core::wire::PROTOCOL_VERSION,
             node_id: node.into(),
             epoch: millrace_core::Epoch(1),

@@ -288,6 +288,9 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) 
         .chance(0.08)
         .then(|| Duration::from_micros(rng.range(5 * SEC, 90 * SEC)));
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine,
         labels,
         resources,
@@ -301,6 +304,9 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) 
 /// A job any shell seat can run: no labels, no resources, owner `o0`, empty payload.
 pub(crate) fn plain_spec() -> JobSpec {
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: "shell".into(),
         labels: BTreeSet::new(),
         resources: Resources::new(),

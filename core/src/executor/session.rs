@@ -158,6 +158,7 @@ impl Executor {
             token: self.config.token.clone(),
             labels: self.config.labels.iter().cloned().collect(),
             engines: self.config.engines.keys().cloned().collect(),
+            stop_grace: self.config.stop_grace,
         };
         self.send(conn, hello);
         self.link = Link::Hello { conn, since: now };

@@ -36,6 +36,9 @@ fn config() -> ExecutorConfig {
 
 fn spec(engine: &str) -> JobSpec {
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: engine.into(),
         labels: BTreeSet::from(["linux".to_string()]),
         resources: Resources::from([("cpu_millis".to_string(), 1000)]),

@@ -47,6 +47,11 @@ pub struct MillConfig {
     pub terminal_memory: usize,
     /// Quota limits (§6).
     pub quota: QuotaConfig,
+    /// M32: how long after an executor is known to have fenced itself off (E12) a retry of
+    /// its job waits for the fenced run to be gone: covers the executor's stop grace
+    /// (SIGTERM to SIGKILL; an executor with a longer `stop_grace` is refused at `Hello`)
+    /// and message delay. Default 30 s.
+    pub retry_fence: Duration,
 }
 
 impl Default for MillConfig {
@@ -58,6 +63,7 @@ impl Default for MillConfig {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
             bid_fallbacks: 8,
+            retry_fence: Duration::from_secs(30),
             max_pending: 10_000,
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),
@@ -113,6 +119,7 @@ impl MillConfig {
             ("cancel_teardown_timeout", self.cancel_teardown_timeout),
             ("job_timeout", self.job_timeout),
             ("queue_timeout", self.queue_timeout),
+            ("retry_fence", self.retry_fence),
         ];
         for (setting, value) in positive {
             if value.is_zero() {

@@ -148,6 +148,7 @@ impl Mill {
                     token,
                     labels,
                     engines,
+                    stop_grace,
                 },
             ) => {
                 self.hello(
@@ -158,6 +159,7 @@ impl Mill {
                     token,
                     labels,
                     engines,
+                    stop_grace,
                 );
                 return;
             }
@@ -249,6 +251,7 @@ impl Mill {
         token: String,
         labels: Vec<String>,
         engines: Vec<String>,
+        stop_grace: std::time::Duration,
     ) {
         if version != wire::PROTOCOL_VERSION {
             let why = format!(
@@ -285,6 +288,15 @@ impl Mill {
                     "node {node}: labels (at most {}) and engines (at most {}) must be 1-64 printable ASCII characters",
                     wire::MAX_NODE_LABELS,
                     wire::MAX_ENGINES
+                ),
+            );
+        }
+        if stop_grace > self.config.retry_fence {
+            return self.refuse(
+                conn,
+                format!(
+                    "node {node}: stop grace {stop_grace:?} exceeds the mill's retry fence {:?} (M32: a retry after a lost executor waits that long for its fenced run to stop); lower --stop-grace or raise the mill's --retry-fence",
+                    self.config.retry_fence
                 ),
             );
         }

@@ -49,6 +49,9 @@ pub(super) fn welcome(cursor: u64) -> ToExecutor {
 
 pub(super) fn spec() -> JobSpec {
     JobSpec {
+        retry: Default::default(),
+        priority: 0,
+        node: None,
         engine: "shell".into(),
         labels: BTreeSet::new(),
         resources: Resources::new(),
@@ -232,6 +235,7 @@ impl H {
         self.msg(
             conn,
             ToMill::Hello {
+                stop_grace: std::time::Duration::from_secs(10),
                 protocol_version: crate::wire::PROTOCOL_VERSION,
                 node_id: name.into(),
                 epoch: Epoch(epoch),

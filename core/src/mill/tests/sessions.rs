@@ -23,6 +23,7 @@ fn m1_unsupported_version_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
+            stop_grace: std::time::Duration::from_secs(10),
             protocol_version: 999,
             node_id: "a".into(),
             epoch: Epoch(1),
@@ -55,6 +56,7 @@ fn m1_wrong_token_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
+            stop_grace: std::time::Duration::from_secs(10),
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: "a".into(),
             epoch: Epoch(1),
