@@ -95,7 +95,7 @@ impl Fleet {
             f.msg(
                 conn,
                 ToMill::Hello {
-                    stop_grace: std::time::Duration::from_secs(10),
+                    stop_grace_ms: 10_000,
                     protocol_version: PROTOCOL_VERSION,
                     node_id: format!("exec-{i:05}"),
                     epoch: Epoch(1),

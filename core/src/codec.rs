@@ -395,7 +395,7 @@ mod tests {
 
     fn hello(version: u32) -> ToMill {
         ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: version,
             node_id: "exec-1.rack_2".into(),
             epoch: Epoch(7),

@@ -120,7 +120,8 @@ pub enum ToMill {
         /// How long the executor gives a job between the polite stop and the kill: the mill
         /// refuses an executor whose stop grace exceeds its `retry_fence` (M32), since a
         /// retry after a lost executor waits only that long for the fenced run to be gone.
-        stop_grace: Duration,
+        /// Milliseconds, as a `u32` so that `Hello` stays no larger than other messages.
+        stop_grace_ms: u32,
     },
     /// Capacity and the leases the executor holds (reserved or running).
     Snapshot {

@@ -34,7 +34,7 @@ pub async fn fake_executor(
     stream.set_nodelay(true)?;
     let epoch = Epoch(crate::sqlite::random_u64()?);
     let hello = ToMill::Hello {
-        stop_grace: std::time::Duration::from_secs(10),
+        stop_grace_ms: 10_000,
         protocol_version: PROTOCOL_VERSION,
         node_id: node,
         epoch,

@@ -926,7 +926,7 @@ mod tests {
         MillCmd::Net(MillInput::Message {
             conn,
             msg: ToMill::Hello {
-                stop_grace: std::time::Duration::from_secs(10),
+                stop_grace_ms: 10_000,
                 protocol_version: PROTOCOL_VERSION,
                 node_id: "x1".into(),
                 epoch: Epoch(7),

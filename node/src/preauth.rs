@@ -458,7 +458,7 @@ mod tests {
 
     fn hello(node: &str, token: &str) -> ToMill {
         ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: millrace_core::wire::PROTOCOL_VERSION,
             node_id: node.into(),
             epoch: millrace_core::Epoch(1),

@@ -158,7 +158,7 @@ impl Executor {
             token: self.config.token.clone(),
             labels: self.config.labels.iter().cloned().collect(),
             engines: self.config.engines.keys().cloned().collect(),
-            stop_grace: self.config.stop_grace,
+            stop_grace_ms: u32::try_from(self.config.stop_grace.as_millis()).unwrap_or(u32::MAX),
         };
         self.send(conn, hello);
         self.link = Link::Hello { conn, since: now };

@@ -148,7 +148,7 @@ impl Mill {
                     token,
                     labels,
                     engines,
-                    stop_grace,
+                    stop_grace_ms,
                 },
             ) => {
                 self.hello(
@@ -159,7 +159,7 @@ impl Mill {
                     token,
                     labels,
                     engines,
-                    stop_grace,
+                    std::time::Duration::from_millis(u64::from(stop_grace_ms)),
                 );
                 return;
             }

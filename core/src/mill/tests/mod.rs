@@ -235,7 +235,7 @@ impl H {
         self.msg(
             conn,
             ToMill::Hello {
-                stop_grace: std::time::Duration::from_secs(10),
+                stop_grace_ms: 10_000,
                 protocol_version: crate::wire::PROTOCOL_VERSION,
                 node_id: name.into(),
                 epoch: Epoch(epoch),

@@ -19,7 +19,7 @@ fn ready_with(h: &mut H, name: &str, engine: &str, capacity: u32) -> ConnId {
     h.msg(
         conn,
         ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: name.into(),
             epoch: Epoch(1),
@@ -505,7 +505,7 @@ impl Chaos {
         f.engines = engines.clone();
         self.owner.insert(conn, i);
         let msg = ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: f.name.clone(),
             epoch: Epoch(f.epoch),
@@ -674,7 +674,7 @@ impl Chaos {
             }
         } else if roll < 95 {
             ToMill::Hello {
-                stop_grace: std::time::Duration::from_secs(10),
+                stop_grace_ms: 10_000,
                 protocol_version: crate::wire::PROTOCOL_VERSION,
                 node_id: self.fakes[i].name.clone(),
                 epoch: Epoch(self.fakes[i].epoch),

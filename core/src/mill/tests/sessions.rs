@@ -23,7 +23,7 @@ fn m1_unsupported_version_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: 999,
             node_id: "a".into(),
             epoch: Epoch(1),
@@ -56,7 +56,7 @@ fn m1_wrong_token_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
-            stop_grace: std::time::Duration::from_secs(10),
+            stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: "a".into(),
             epoch: Epoch(1),
