@@ -173,6 +173,11 @@ pub struct MillTuning {
     /// (for example "no executor offers engine docker").
     #[arg(long, env = "MILLRACE_QUEUE_TIMEOUT", default_value = "24h", value_parser = dur, help_heading = "Advanced")]
     pub queue_timeout: Duration,
+    /// M32: after an executor is lost, a retry of its job waits `--reconnect-grace` (the
+    /// executor fences itself off by then, E12) plus this, for the fenced run to stop.
+    /// Must cover every executor's `--stop-grace`: an executor with a longer one is refused.
+    #[arg(long, env = "MILLRACE_RETRY_FENCE", default_value = "30s", value_parser = dur, help_heading = "Advanced")]
+    pub retry_fence: Duration,
     /// Violation closures in a row that quarantine an executor (M28).
     #[arg(
         long,
@@ -255,6 +260,7 @@ impl MillTuning {
         }
         for (flag, d) in [
             ("--queue-timeout", self.queue_timeout),
+            ("--retry-fence", self.retry_fence),
             ("--http-header-timeout", self.http_header_timeout),
             ("--http-body-timeout", self.http_body_timeout),
         ] {
@@ -307,6 +313,7 @@ impl Default for MillTuning {
             cancel_teardown_timeout: Duration::from_secs(600),
             job_timeout: Duration::from_secs(86_400),
             queue_timeout: Duration::from_secs(86_400),
+            retry_fence: Duration::from_secs(30),
             quarantine_strikes: 3,
             max_sessions: 10_000,
             hello_timeout: Duration::from_secs(5),
@@ -565,12 +572,34 @@ pub struct SubmitArgs {
     /// printed).
     #[arg(long = "env", value_name = "NAME=VALUE", value_parser = env_pair)]
     pub env: Vec<(String, String)>,
+    /// Attempts after the first when an attempt ends in a way `--retry-on` names (M32);
+    /// at most 20. A retry after a lost executor waits until its run is surely stopped.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub retries: u32,
+    /// Which ends retry, comma-separated: executor_lost, executor_restarted,
+    /// no_longer_has_job, failed (the job's own non-zero exit). Default: the first three.
+    #[arg(long, value_name = "CAUSES", value_delimiter = ',', value_parser = retry_on)]
+    pub retry_on: Vec<millrace_core::job::RetryOn>,
+    /// Among this owner's waiting jobs, higher goes first (M33); owners still take turns.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,
     /// The command, run with `sh -c`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+/// Parses one `--retry-on` cause.
+fn retry_on(s: &str) -> Result<millrace_core::job::RetryOn, String> {
+    millrace_core::job::RetryOn::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = millrace_core::job::RetryOn::ALL
+            .iter()
+            .map(|r| r.name())
+            .collect();
+        format!("unknown cause {s:?}; one of {}", names.join(", "))
+    })
 }
 
 /// A command about one job.

@@ -333,6 +333,18 @@ pub fn submit(args: &SubmitArgs) -> Result<u8, ClientError> {
     if let (Some(t), Some(obj)) = (args.timeout, body.as_object_mut()) {
         obj.insert("timeout_secs".into(), json!(t.as_secs().max(1)));
     }
+    if let Some(obj) = body.as_object_mut() {
+        if args.retries > 0 {
+            obj.insert("retries".into(), json!(args.retries));
+        }
+        if !args.retry_on.is_empty() {
+            let on: Vec<&str> = args.retry_on.iter().map(|r| r.name()).collect();
+            obj.insert("retry_on".into(), json!(on));
+        }
+        if args.priority != 0 {
+            obj.insert("priority".into(), json!(args.priority));
+        }
+    }
     let headers: Vec<(&str, &str)> = args
         .key
         .as_deref()

@@ -15,7 +15,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use millrace_core::job::{IdempotencyKey, Identity, JobSpec, JobState, SpecError};
+use millrace_core::job::{
+    IdempotencyKey, Identity, JobSpec, JobState, RetryOn, RetryPolicy, SpecError,
+};
 use millrace_core::mill::RequestError;
 use millrace_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
@@ -374,6 +376,16 @@ pub struct SubmitBody {
     /// Environment for the job's process (issue 13 item 6).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Attempts after the first (M32); default 0.
+    #[serde(default)]
+    pub retries: u32,
+    /// Which ends retry (`executor_lost`, `executor_restarted`, `no_longer_has_job`,
+    /// `failed`); default the first three.
+    #[serde(default)]
+    pub retry_on: Option<BTreeSet<RetryOn>>,
+    /// Among the owner's waiting jobs, higher goes first (M33); default 0.
+    #[serde(default)]
+    pub priority: i32,
 }
 
 fn default_engine() -> String {
@@ -503,9 +515,13 @@ async fn submit(
             ));
         }
     }
+    let retry = RetryPolicy {
+        retries: b.retries,
+        on: b.retry_on.unwrap_or_else(|| RetryPolicy::default().on),
+    };
     let spec = JobSpec {
-        retry: Default::default(),
-        priority: 0,
+        retry,
+        priority: b.priority,
         node: None,
         engine: b.engine,
         labels: b.labels,
@@ -621,6 +637,19 @@ pub struct JobView {
     /// Status history, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<serde_json::Value>,
+    /// Attempts after the first its policy allows (M32).
+    #[serde(default)]
+    pub retries: u32,
+    /// Which ends retry (M32).
+    #[serde(default)]
+    pub retry_on: Vec<String>,
+    /// Its priority among its owner's jobs (M33).
+    #[serde(default)]
+    pub priority: i32,
+    /// Every attempt, oldest first (the latest 100): node, epoch, lease, start, end, how it
+    /// ended and what became of the job (M32).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<crate::mill_store::AttemptRow>,
     /// For a queued job that no executor known to the mill can take: why
     /// (`waiting: no executor offers engine docker`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -665,6 +694,16 @@ fn view(row: &JobRow) -> JobView {
         },
         log,
         history: Vec::new(),
+        retries: row.spec.retry.retries,
+        retry_on: row
+            .spec
+            .retry
+            .on
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect(),
+        priority: row.spec.priority,
+        attempts: Vec::new(),
         waiting: None,
     }
 }
@@ -703,7 +742,10 @@ pub fn unplaceable(
 
 async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let job = parse_job(&id)?;
-    let (row, history) = read(&api, move |r| Ok((r.job(job)?, r.history(job)?))).await?;
+    let (row, history, attempts) = read(&api, move |r| {
+        Ok((r.job(job)?, r.history(job)?, r.attempts(job)?))
+    })
+    .await?;
     let Some(row) = row else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no job {id}")));
     };
@@ -713,6 +755,7 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
             v.waiting = unplaceable(&row.spec.engine, &row.spec.labels, &nodes);
         }
     }
+    v.attempts = attempts;
     v.history = history
         .iter()
         .map(|h| json!({"state": h.state.name(), "at_ms": h.at_ms}))

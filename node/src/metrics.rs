@@ -68,6 +68,8 @@ pub struct MillMetrics {
     pub violations: BTreeMap<&'static str, u64>,
     /// Hellos refused.
     pub refused: u64,
+    /// Attempts retried under their job's policy (M32).
+    pub retried: u64,
     /// Nodes quarantined.
     pub quarantined: u64,
     /// Jobs accepted.
@@ -227,6 +229,12 @@ impl MillMetrics {
         }
         counter(&mut out, "millrace_hello_refused_total", "Hellos refused.");
         let _ = writeln!(out, "millrace_hello_refused_total {}", self.refused);
+        counter(
+            &mut out,
+            "millrace_retries_total",
+            "Attempts that ended and were retried under their job's policy (M32).",
+        );
+        let _ = writeln!(out, "millrace_retries_total {}", self.retried);
         counter(&mut out, "millrace_quarantines_total", "Nodes quarantined.");
         let _ = writeln!(out, "millrace_quarantines_total {}", self.quarantined);
 

@@ -731,6 +731,7 @@ impl Driver {
                         | MillWrite::KeyInsert { .. }
                         | MillWrite::JobState { .. }
                         | MillWrite::LeaseUpsert(_)
+                        | MillWrite::Attempt(_)
                         | MillWrite::LeaseCancel { .. }
                         | MillWrite::LeaseDelete { .. }
                         | MillWrite::QuotaHold { .. }
@@ -856,6 +857,16 @@ impl Driver {
                 tracing::warn!(%conn, %reason, "executor refused");
             }
             Observation::Applied { .. } => {}
+            Observation::Retried {
+                job,
+                attempt,
+                cause,
+                fenced,
+            } => {
+                self.metrics.retried += 1;
+                let cause = cause.map_or("unknown", |c| c.name());
+                tracing::info!(%job, attempt, cause, fenced, "attempt ended; retrying (M32)");
+            }
             Observation::Rare(path) => {
                 tracing::debug!(?path, "rare path");
             }

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use millrace_core::job::{Fingerprint, IdempotencyKey, Identity, JobSpec, JobState};
 use millrace_core::mill::{
-    CancelRecord, JobRecord, KeyRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+    AttemptOutcome, CancelRecord, JobRecord, KeyRecord, LeaseRecord, LeaseState, MillBatch,
+    MillSnapshot, MillWrite,
 };
 use millrace_core::{Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -92,13 +93,46 @@ pub const SCHEMA_V4: &str = r"
         ALTER TABLE jobs ADD COLUMN spec_format INTEGER NOT NULL DEFAULT 1;
     ";
 
+/// Schema 5 (issue 13 item 2, M32): each lease's attempt number (leases written before
+/// count as attempt 1), and every attempt of every job: where it ran, when (wall clock of
+/// the writes), how it ended and what became of the job (`final`, `retried`,
+/// `retried_fenced`, `released`). Deleted with its job by retention.
+pub const SCHEMA_V5: &str = r"
+        ALTER TABLE leases ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE attempts (
+            job INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            lease INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            started_at_ms INTEGER NOT NULL,
+            ended_at_ms INTEGER,
+            status TEXT,
+            cause TEXT,
+            exit_code INTEGER,
+            error TEXT,
+            outcome TEXT,
+            PRIMARY KEY (job, attempt)
+        );
+    ";
+
 /// The mill store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "mill",
     file: "mill.db",
     application_id: 0x4d52_4d31,
-    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5],
 };
+
+/// How `attempts.outcome` names an [`AttemptOutcome`].
+fn outcome_name(o: AttemptOutcome) -> &'static str {
+    match o {
+        AttemptOutcome::Final => "final",
+        AttemptOutcome::Retried { fenced: false } => "retried",
+        AttemptOutcome::Retried { fenced: true } => "retried_fenced",
+        AttemptOutcome::Released => "released",
+    }
+}
 
 /// The `spec_format` new rows are written in: postcard of today's `JobSpec` (3: with
 /// `retry`, `priority` and `node`, issue 13 items 2–4).
@@ -267,7 +301,9 @@ impl MillStore {
             );
         }
         let mut stmt = conn
-            .prepare("SELECT lease, job, node, epoch, state, resources, cancel FROM leases")
+            .prepare(
+                "SELECT lease, job, node, epoch, state, resources, cancel, attempt FROM leases",
+            )
             .map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
@@ -279,11 +315,13 @@ impl MillStore {
                     r.get::<_, String>(4)?,
                     r.get::<_, String>(5)?,
                     r.get::<_, Option<String>>(6)?,
+                    r.get::<_, i64>(7)?,
                 ))
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job, node, epoch, state, resources, cancel) = row.map_err(self.sq())?;
+            let (lease, job, node, epoch, state, resources, cancel, attempt) =
+                row.map_err(self.sq())?;
             let node =
                 NodeId::new(node).map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
             let state = match state.as_str() {
@@ -308,8 +346,36 @@ impl MillStore {
                     resources,
                     state,
                     cancel,
+                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
                 },
             );
+        }
+        // M32: where the attempts of each open job stand.
+        let mut stmt = conn
+            .prepare(
+                "SELECT a.job, a.attempt, a.outcome FROM attempts a JOIN jobs j ON j.id = a.job
+                 WHERE j.done = 0 ORDER BY a.job, a.attempt",
+            )
+            .map_err(self.sq())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .map_err(self.sq())?;
+        for row in rows {
+            let (job, attempt, outcome) = row.map_err(self.sq())?;
+            let tally = snap.attempts.entry(JobId(to_u64(job))).or_default();
+            tally.last = tally.last.max(u32::try_from(attempt).unwrap_or(u32::MAX));
+            let retried = matches!(outcome.as_deref(), Some("retried" | "retried_fenced"));
+            if retried {
+                tally.retried = tally.retried.saturating_add(1);
+            }
+            // Rows come in attempt order: the latest decides whether a fence is pending.
+            tally.fence_pending = outcome.as_deref() == Some("retried_fenced");
         }
         let mut stmt = conn
             .prepare("SELECT node, epoch, seqno FROM cursors")
@@ -484,6 +550,9 @@ impl MillStore {
                 .prepare_cached("DELETE FROM job_history WHERE job = ?1")
                 .and_then(|mut st| st.execute(params![id]))
                 .map_err(sq)? as u64;
+            tx.prepare_cached("DELETE FROM attempts WHERE job = ?1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(sq)?;
             tx.prepare_cached("DELETE FROM jobs WHERE id = ?1 AND done = 1")
                 .and_then(|mut st| st.execute(params![id]))
                 .map_err(sq)?;
@@ -599,11 +668,11 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
             let resources = json(&record.resources)?;
             let cancel = record.cancel.as_ref().map(json).transpose()?;
             tx.prepare_cached(
-                "INSERT INTO leases (lease, job, node, epoch, state, resources, cancel)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                "INSERT INTO leases (lease, job, node, epoch, state, resources, cancel, attempt)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                  ON CONFLICT (lease) DO UPDATE SET job = excluded.job, node = excluded.node,
                    epoch = excluded.epoch, state = excluded.state, resources = excluded.resources,
-                   cancel = excluded.cancel",
+                   cancel = excluded.cancel, attempt = excluded.attempt",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -613,7 +682,43 @@ fn apply_write(tx: &Connection, write: &MillWrite, now_ms: u64) -> Result<(), Wr
                     to_i64(record.epoch.get()),
                     state,
                     resources,
-                    cancel
+                    cancel,
+                    record.attempt
+                ])
+            })?;
+            // The attempt starts with its lease's first write (M32); later upserts of the
+            // lease leave it as it was.
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO attempts (job, attempt, lease, node, epoch, started_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    to_i64(record.job.get()),
+                    record.attempt,
+                    to_i64(record.lease.get()),
+                    record.node.as_str(),
+                    to_i64(record.epoch.get()),
+                    now
+                ])
+            })?;
+        }
+        MillWrite::Attempt(end) => {
+            tx.prepare_cached(
+                "UPDATE attempts SET ended_at_ms = ?3, status = ?4, cause = ?5, exit_code = ?6,
+                   error = ?7, outcome = ?8
+                 WHERE job = ?1 AND attempt = ?2",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    to_i64(end.job.get()),
+                    end.attempt,
+                    now,
+                    end.status.map(|s| s.to_string()),
+                    end.cause.map(|c| c.name()),
+                    end.exit_code,
+                    end.error,
+                    outcome_name(end.outcome)
                 ])
             })?;
         }
@@ -686,6 +791,36 @@ pub struct JobRow {
     pub state: JobState,
     /// When it last changed (wall clock).
     pub updated_at_ms: u64,
+}
+
+/// Most attempts `GET /v1/jobs/{id}` lists (the latest ones).
+pub const MAX_ATTEMPT_ROWS: i64 = 100;
+
+/// One attempt of a job (M32), as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AttemptRow {
+    /// 1 for the first.
+    pub attempt: u32,
+    /// Its lease.
+    pub lease: u64,
+    /// The executor.
+    pub node: String,
+    /// The executor's store epoch.
+    pub epoch: u64,
+    /// When its lease was written (ms since the Unix epoch).
+    pub started_at_ms: u64,
+    /// When it ended, if it has.
+    pub ended_at_ms: Option<u64>,
+    /// How (`success`, `failed`, …; none when nothing ran).
+    pub status: Option<String>,
+    /// Why, as a stable name (`executor_lost`, `reported`, …).
+    pub cause: Option<String>,
+    /// The engine's exit code.
+    pub exit_code: Option<i32>,
+    /// Human text.
+    pub error: Option<String>,
+    /// What became of the job: `final`, `retried`, `retried_fenced` or `released`.
+    pub outcome: Option<String>,
 }
 
 /// One status-history entry.
@@ -775,6 +910,42 @@ impl MillReader {
                 at_ms: to_u64(at),
             });
         }
+        Ok(out)
+    }
+
+    /// A job's attempts (M32), oldest first, at most the last [`MAX_ATTEMPT_ROWS`].
+    pub fn attempts(&self, id: JobId) -> Result<Vec<AttemptRow>, StoreError> {
+        let sq = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT attempt, lease, node, epoch, started_at_ms, ended_at_ms, status, cause,
+                   exit_code, error, outcome
+                 FROM attempts WHERE job = ?1 ORDER BY attempt DESC LIMIT ?2",
+            )
+            .map_err(sq)?;
+        let rows = stmt
+            .query_map(params![to_i64(id.get()), MAX_ATTEMPT_ROWS], |r| {
+                Ok(AttemptRow {
+                    attempt: r.get(0)?,
+                    lease: to_u64(r.get(1)?),
+                    node: r.get(2)?,
+                    epoch: to_u64(r.get(3)?),
+                    started_at_ms: to_u64(r.get(4)?),
+                    ended_at_ms: r.get::<_, Option<i64>>(5)?.map(to_u64),
+                    status: r.get(6)?,
+                    cause: r.get(7)?,
+                    exit_code: r.get(8)?,
+                    error: r.get(9)?,
+                    outcome: r.get(10)?,
+                })
+            })
+            .map_err(sq)?;
+        let mut out = rows.collect::<Result<Vec<_>, _>>().map_err(sq)?;
+        out.reverse();
         Ok(out)
     }
 
@@ -902,6 +1073,7 @@ mod tests {
             MillBatch {
                 writes: vec![
                     MillWrite::LeaseUpsert(LeaseRecord {
+                        attempt: 1,
                         lease: LeaseId(7),
                         job: JobId(1),
                         node: node.clone(),
@@ -1119,7 +1291,7 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 4, "upgraded in place");
+        assert_eq!(version, 5, "upgraded in place");
         let mut reference = store.load().unwrap().unwrap();
         let lease = &reference.leases[&LeaseId(7)];
         assert_eq!(lease.cancel, None, "an old lease has no cancel");

@@ -169,6 +169,7 @@ impl MillOptions {
             cancel_teardown_timeout: self.tuning.cancel_teardown_timeout,
             job_timeout: self.tuning.job_timeout,
             queue_timeout: self.tuning.queue_timeout,
+            retry_fence: self.tuning.retry_fence,
             quarantine_strikes: self.tuning.quarantine_strikes,
             executor_token: Some(self.token.clone()),
             max_sessions: self.tuning.max_sessions,

@@ -15,9 +15,11 @@ use std::fmt;
 
 use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
 use millrace_core::job::{
-    IdempotencyKey, JobSpec, JobState, Terminal, TerminalCause, TerminalStatus,
+    IdempotencyKey, JobSpec, JobState, RetryPolicy, Terminal, TerminalCause, TerminalStatus,
 };
-use millrace_core::mill::{MillBatch, MillWrite, RequestError, Submitted, ViolationKind};
+use millrace_core::mill::{
+    AttemptEnd, AttemptOutcome, MillBatch, MillWrite, RequestError, Submitted, ViolationKind,
+};
 use millrace_core::quota::Scope;
 use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
@@ -186,6 +188,26 @@ struct CancelRec {
     teardown: Option<(Micros, Vec<ConnId>)>,
 }
 
+/// How long a retry after a lost executor may wait before it is placed (M32): E12's bound
+/// plus the mill's `retry_fence`.
+fn fence_len(w: &World) -> Micros {
+    dur(w.mill_cfg.reconnect_grace) + dur(w.mill_cfg.retry_fence)
+}
+
+/// A job's retry policy and attempts as the mill persisted them (M32).
+#[derive(Debug, Clone, Default)]
+struct Attempts {
+    policy: RetryPolicy,
+    /// The highest attempt number persisted.
+    last: u32,
+    /// Attempt number of each of its leases.
+    leases: BTreeMap<LeaseId, u32>,
+    /// Leases whose attempt end was persisted.
+    ended: BTreeSet<LeaseId>,
+    /// Attempts that ended `Retried`.
+    retried: u32,
+}
+
 /// A durable lease, as the checker saw it written.
 #[derive(Debug, Clone)]
 struct LeaseRec {
@@ -280,6 +302,17 @@ pub struct Checker {
     runs: BTreeMap<LeaseId, EngineRun>,
     /// Every engine start of each job, in start order (I1).
     job_runs: BTreeMap<JobId, Vec<LeaseId>>,
+    /// Each job's retry policy and its attempts so far (M32).
+    attempts: BTreeMap<JobId, Attempts>,
+    /// Engine starts of a second or later attempt that I1 allowed (coverage).
+    pub retry_starts: u64,
+    /// Retries waiting out their fence (M32), until when; a restarted mill waits the whole
+    /// fence again from its start.
+    fences: BTreeMap<JobId, Micros>,
+    /// The mill incarnation `fences` were last brought up to date for.
+    fences_inc: u32,
+    /// Ended leases a snapshot delivered to the mill still reported, and when (M32).
+    reported_alive: BTreeMap<LeaseId, Micros>,
     /// Cancels the mill accepted, by job (I11).
     cancels: BTreeMap<JobId, CancelRec>,
     /// When an executor first received a `CancelAttempt` for a lease (I11).
@@ -404,6 +437,11 @@ impl Checker {
             leases: BTreeMap::new(),
             tally: QuotaTally::default(),
             lease_of_job: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            retry_starts: 0,
+            fences: BTreeMap::new(),
+            fences_inc: 0,
+            reported_alive: BTreeMap::new(),
             ended: BTreeMap::new(),
             cursors: BTreeMap::new(),
             history: BTreeMap::new(),
@@ -514,10 +552,17 @@ impl Checker {
     ) -> Result<(), Violation> {
         for write in &batch.writes {
             match write {
-                MillWrite::JobInsert { job, .. } => {
+                MillWrite::JobInsert { job, record } => {
                     if !self.inserted.insert(*job) {
                         return fail("I2", format!("job id {job} inserted twice"));
                     }
+                    self.attempts.insert(
+                        *job,
+                        Attempts {
+                            policy: record.spec.retry.clone(),
+                            ..Attempts::default()
+                        },
+                    );
                     self.queued_since.insert(*job, (w.now, false));
                 }
                 MillWrite::KeyInsert { key, record } => {
@@ -599,6 +644,21 @@ impl Checker {
                             );
                         }
                     }
+                    self.fences.remove(&r.job);
+                    if let Some(a) = self.attempts.get_mut(&r.job) {
+                        // M32: attempt numbers only move forward, one per lease.
+                        if r.attempt != a.last.saturating_add(1) {
+                            return fail(
+                                "I2",
+                                format!(
+                                    "{} got {} as attempt {}, after attempt {} (M32: one more per lease)",
+                                    r.job, r.lease, r.attempt, a.last
+                                ),
+                            );
+                        }
+                        a.last = r.attempt;
+                        a.leases.insert(r.lease, r.attempt);
+                    }
                     let charge = self.charge_quota(w, r)?;
                     self.leases.insert(
                         r.lease,
@@ -637,11 +697,123 @@ impl Checker {
                         self.quarantined.remove(node);
                     }
                 }
+                MillWrite::Attempt(end) => self.attempt_ended(w, end, ctx)?,
                 MillWrite::Counters { .. }
                 | MillWrite::LeaseCancel { .. }
                 | MillWrite::QuotaRelease { .. }
                 | MillWrite::QuotaHold { .. } => {}
             }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of `exec` reached the mill at `now` reporting `active` (M32: an ended
+    /// lease it still reports is evidence its run lives).
+    pub fn snapshot_received(&mut self, now: Micros, active: &[LeaseId]) {
+        for lease in active {
+            if self.ended.contains_key(lease) {
+                self.reported_alive.insert(*lease, now);
+            }
+        }
+    }
+
+    /// M32: an attempt's end as persisted: of a lease of that attempt, once; a retry only
+    /// for an end the job's policy retries and only while retries are left; an end the
+    /// policy would retry, with retries left, never ends the job. A retried end gets the
+    /// same I3 checks as a terminal.
+    fn attempt_ended(
+        &mut self,
+        w: &World,
+        end: &AttemptEnd,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
+        let job = end.job;
+        let Some(a) = self.attempts.get_mut(&job) else {
+            return fail(
+                "I2",
+                format!("attempt end persisted for {job}, never inserted"),
+            );
+        };
+        if a.leases.get(&end.lease) != Some(&end.attempt) {
+            return fail(
+                "I2",
+                format!(
+                    "{job}: attempt {} ended under {}, which is not that attempt's lease (M32)",
+                    end.attempt, end.lease
+                ),
+            );
+        }
+        if !a.ended.insert(end.lease) {
+            return fail(
+                "I2",
+                format!(
+                    "{job}: attempt {} under {} ended twice",
+                    end.attempt, end.lease
+                ),
+            );
+        }
+        let retryable = end
+            .status
+            .is_some_and(|st| a.policy.retries_on(st, end.cause));
+        match end.outcome {
+            AttemptOutcome::Retried { .. } => {
+                if !retryable {
+                    return fail(
+                        "I2",
+                        format!(
+                            "{job}: attempt {} ended {:?} {:?} and was retried, which its policy {:?} does not allow (M32)",
+                            end.attempt, end.status, end.cause, a.policy
+                        ),
+                    );
+                }
+                a.retried += 1;
+                if matches!(end.outcome, AttemptOutcome::Retried { fenced: true }) {
+                    self.fences.insert(job, w.now.saturating_add(fence_len(w)));
+                }
+                if a.retried > a.policy.retries {
+                    return fail(
+                        "I2",
+                        format!(
+                            "{job}: retried {} times, its policy allows {} (M32)",
+                            a.retried, a.policy.retries
+                        ),
+                    );
+                }
+                let t = Terminal {
+                    status: end.status.unwrap_or(TerminalStatus::Failed),
+                    cause: end.cause,
+                    exit_code: end.exit_code,
+                    error: end.error.clone(),
+                    log: None,
+                    node: self
+                        .leases
+                        .get(&end.lease)
+                        .and_then(|r| r.exec)
+                        .and_then(|x| w.execs.get(x))
+                        .map(|p| p.node.clone()),
+                    lease: Some(end.lease),
+                };
+                let exec = self
+                    .runs
+                    .get(&end.lease)
+                    .map(|r| r.exec)
+                    .or_else(|| t.node.as_ref().and_then(|n| exec_index(w, n)));
+                self.lease_verdict(w, job, &t, exec, ctx)?;
+            }
+            AttemptOutcome::Final if retryable && a.retried < a.policy.retries => {
+                return fail(
+                    "I2",
+                    format!(
+                        "{job}: attempt {} ended {:?} {:?} and ended the job with {} of {} retries left (M32)",
+                        end.attempt,
+                        end.status,
+                        end.cause,
+                        a.policy.retries - a.retried,
+                        a.policy.retries
+                    ),
+                );
+            }
+            AttemptOutcome::Final | AttemptOutcome::Released => {}
         }
         Ok(())
     }
@@ -708,6 +880,21 @@ impl Checker {
             }
         }
         self.i11_terminal(w, job, t, exec)?;
+        self.lease_verdict(w, job, t, exec, ctx)
+    }
+
+    /// I3 for how a lease ended, whether that ended its job or started a retry (M32): a
+    /// result the mill applied is the one recorded, a reported terminal keeps the engine's
+    /// status, and "executor lost" is never the verdict on a result the executor had
+    /// durable and delivered.
+    fn lease_verdict(
+        &mut self,
+        w: &World,
+        job: JobId,
+        t: &Terminal,
+        exec: Option<usize>,
+        ctx: &StepCtx,
+    ) -> Result<(), Violation> {
         let (Some(lease), Some(exec)) = (t.lease, exec) else {
             return Ok(());
         };
@@ -1675,7 +1862,9 @@ impl Checker {
                 ),
             );
         }
-        if let Some(&first) = self.job_runs.get(&job).and_then(|v| v.first()) {
+        let retries = self.attempts.get(&job).map_or(0, |a| a.policy.retries);
+        let earlier = self.job_runs.get(&job).map_or(&[][..], Vec::as_slice);
+        if let Some(&first) = earlier.first().filter(|_| earlier.len() > retries as usize) {
             let r = &self.runs[&first];
             let how = match r.exited {
                 None => "still running: the runs overlap".to_string(),
@@ -1695,7 +1884,9 @@ impl Checker {
             return fail(
                 "I1",
                 format!(
-                    "{job} started twice (one attempt, no retry policy, M32): under {first} on x{} {} at {} ({how}{result}), again under {lease} on x{exec} {} at {}",
+                    "{job} started {} times, its retry policy allows {} (M32): first under {first} on x{} {} at {} ({how}{result}), now under {lease} on x{exec} {} at {}",
+                    earlier.len() + 1,
+                    retries + 1,
                     r.exec,
                     r.epoch,
                     secs(r.start),
@@ -1703,6 +1894,44 @@ impl Checker {
                     secs(w.now)
                 ),
             );
+        }
+        // M32 with I1: a later attempt starts only once every earlier run has stopped and
+        // the mill has ended its lease.
+        for l in earlier {
+            let r = &self.runs[l];
+            // A lying executor that dropped a lease it still runs (M8 then fails it) is
+            // outside the promise: nothing it says about its runs can be trusted.
+            // An engine that ignored its kill (`slow_stop`: a kill that does not take)
+            // outlives any bound the mill could wait; then only evidence counts: the mill
+            // may not start the retry within `retry_fence` of a snapshot, delivered to it,
+            // that still reported the old run (M32).
+            let unkillable = w.execs[r.exec].engine.get(l).is_some_and(|e| e.hung);
+            let reported = self
+                .reported_alive
+                .get(l)
+                .is_some_and(|&at| w.now < at.saturating_add(dur(w.mill_cfg.retry_fence)));
+            if r.exited.is_none() && w.execs[r.exec].honest() && (!unkillable || reported) {
+                return fail(
+                    "I1",
+                    format!(
+                        "{job}: attempt under {lease} starts on x{exec} at {} while the earlier run under {l} on x{} (started {}) still runs: the runs overlap (M32: a retry waits until the earlier run is stopped or fenced, E12)",
+                        secs(w.now),
+                        r.exec,
+                        secs(r.start)
+                    ),
+                );
+            }
+            if !self.ended.contains_key(l) {
+                return fail(
+                    "I1",
+                    format!(
+                        "{job}: attempt under {lease} starts on x{exec} while the mill still holds the earlier lease {l} (M32)"
+                    ),
+                );
+            }
+        }
+        if !earlier.is_empty() {
+            self.retry_starts += 1;
         }
         // The jobs the executor holds: a leftover run of a replaced store (being stopped at
         // once) or one a lying executor forgot is no seat of its; E14's grace and I1's
@@ -2119,6 +2348,13 @@ impl Checker {
     /// allowances, and every job ends by a bound computed from the work ahead of it
     /// (`crate::liveness`, where the formula is).
     fn i9_liveness(&mut self, w: &World) -> Result<(), Violation> {
+        if w.mill.is_some() && self.fences_inc != w.mill_inc {
+            self.fences_inc = w.mill_inc;
+            let again = w.now.saturating_add(fence_len(w));
+            for until in self.fences.values_mut() {
+                *until = (*until).max(again);
+            }
+        }
         let open: Vec<crate::liveness::OpenJob> = self
             .accepted
             .iter()
@@ -2127,9 +2363,13 @@ impl Checker {
                 job,
                 arrival,
                 ran: self.job_runs.get(&job).is_some_and(|runs| {
-                    runs.iter()
-                        .any(|l| self.runs.get(l).is_some_and(|r| r.exited.is_some()))
+                    runs.iter().any(|l| {
+                        self.runs.get(l).is_some_and(|r| r.exited.is_some())
+                            && !self.ended.contains_key(l)
+                    })
                 }),
+                fenced_until: self.fences.get(&job).copied(),
+                retried: self.attempts.get(&job).map_or(0, |a| a.retried),
             })
             .collect();
         let a = self.bounds.live;

@@ -130,11 +130,20 @@ pub enum Path {
     /// An executor that came back with a new store told a leftover supervisor to stop its
     /// job at once (E1, E14).
     SupervisorForeignEpochStop,
+    /// A job's attempt ended where the executor reported it (or no longer held it) and
+    /// its retry policy queued the next attempt at once (M32).
+    RetriedAtOnce,
+    /// A job's executor was lost and its next attempt waited out the fence (M32, E12).
+    RetriedAfterFence,
+    /// A job started its second or later attempt (M32).
+    RetryStarted,
+    /// A snapshot reported a run retried behind a fence; the fence held (M32).
+    FencedRunReported,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 50] = [
+    pub const ALL: [Path; 54] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -185,6 +194,10 @@ impl Path {
         Path::AdoptedNothingLeft,
         Path::SupervisorFenced,
         Path::SupervisorForeignEpochStop,
+        Path::RetriedAtOnce,
+        Path::RetriedAfterFence,
+        Path::RetryStarted,
+        Path::FencedRunReported,
     ];
 
     /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
@@ -268,6 +281,10 @@ impl Path {
             Path::AdoptedNothingLeft => "restart found a job lost",
             Path::SupervisorFenced => "supervisor stopped its job: no executor within grace",
             Path::SupervisorForeignEpochStop => "supervisor stopped at once by a new store",
+            Path::RetriedAtOnce => "retry queued at once (M32)",
+            Path::RetriedAfterFence => "retry waited out the fence (M32)",
+            Path::RetryStarted => "a later attempt started (M32)",
+            Path::FencedRunReported => "fenced run reported alive, fence held (M32)",
         }
     }
 
@@ -324,6 +341,10 @@ impl Path {
             Path::AdoptedNothingLeft => "adopted-nothing-left",
             Path::SupervisorFenced => "supervisor-fenced",
             Path::SupervisorForeignEpochStop => "supervisor-foreign-epoch-stop",
+            Path::RetriedAtOnce => "retried-at-once",
+            Path::RetriedAfterFence => "retried-after-fence",
+            Path::RetryStarted => "retry-started",
+            Path::FencedRunReported => "fenced-run-reported",
         }
     }
 
@@ -347,6 +368,7 @@ pub fn rare_name(p: RarePath) -> &'static str {
         RarePath::OldEpochLeaseFailed => "old-epoch-lease-failed",
         RarePath::RestartWithPublishedLeases => "restart-with-published-leases",
         RarePath::ReconcileAwaitedEvents => "reconcile-awaited-events",
+        RarePath::FencedRunReported => "fenced-run-reported",
     }
 }
 
@@ -364,6 +386,7 @@ pub fn from_rare(p: RarePath) -> Option<Path> {
         RarePath::OldEpochLeaseFailed => Path::OldEpochLeaseFailed,
         RarePath::RestartWithPublishedLeases => Path::RestartWithPublishedLeases,
         RarePath::ReconcileAwaitedEvents => Path::ReconcileAwaitedEvents,
+        RarePath::FencedRunReported => Path::FencedRunReported,
     })
 }
 

@@ -281,8 +281,10 @@ impl Sim {
         let plan = SeedPlan::new(scenario, seed);
         let mut wl_rng = Rng::new(seed, Purpose::Workload);
         let mut byz = Rng::new(seed, Purpose::Byzantine);
-        let workload = workload
-            .unwrap_or_else(|| Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz));
+        let workload = workload.unwrap_or_else(|| {
+            let mut retry = Rng::new(seed, Purpose::Retry);
+            Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz, &mut retry)
+        });
         let mut process = Rng::new(seed, Purpose::Process);
         let mut mill_cfg = scenario.mill_config();
         mill_cfg.quota = workload.quota.clone();
@@ -1215,6 +1217,13 @@ impl Sim {
                 Observation::Placed { job, latency, .. } => {
                     self.times.placed(job, now, latency);
                 }
+                Observation::Retried { fenced, .. } => {
+                    self.cov.hit(if fenced {
+                        Path::RetriedAfterFence
+                    } else {
+                        Path::RetriedAtOnce
+                    });
+                }
                 Observation::Applied {
                     conn,
                     epoch,
@@ -1547,8 +1556,12 @@ impl Sim {
                         orphaned: 0,
                     },
                 );
+                let retry_starts = self.c.retry_starts;
                 let r = self.c.start(&self.w, i, lease, job, &spec);
                 self.check(r);
+                if self.c.retry_starts > retry_starts {
+                    self.cov.hit(Path::RetryStarted);
+                }
                 let exact = self.durations.as_ref().map(|d| d.of(&spec));
                 if exact == Some(None) {
                     // A quality run must give every job its exact duration; a made-up one
@@ -1941,6 +1954,7 @@ impl Sim {
                         self.ctx.kind = StepKind::Snapshot { exec };
                         self.ctx.active.clear();
                         self.ctx.active.extend_from_slice(active_leases);
+                        self.c.snapshot_received(now, active_leases);
                         self.note_lost_commits(exec, active_leases);
                     }
                     ToMill::CommitResult {

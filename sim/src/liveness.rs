@@ -100,8 +100,13 @@ pub struct OpenJob {
     pub job: JobId,
     /// Its arrival index (its spec).
     pub arrival: usize,
-    /// An engine run of it has exited (its terminal is on its way to the mill).
+    /// An engine run of it has exited and the mill still holds its lease (its terminal is
+    /// on its way to the mill).
     pub ran: bool,
+    /// A retry of it waits out its fence until then (M32): it is not starving before.
+    pub fenced_until: Option<Micros>,
+    /// Its attempts that ended in a retry: a new one resets the bound kept for it.
+    pub retried: u32,
 }
 
 /// Which seats and quota scopes a job competes for: its engine, the executors that could run
@@ -145,7 +150,7 @@ struct Terms {
 #[derive(Debug, Default)]
 pub struct Liveness {
     starving_since: BTreeMap<JobId, Micros>,
-    bound: BTreeMap<JobId, Terms>,
+    bound: BTreeMap<JobId, (Terms, u32)>,
     classes: Vec<Class>,
     class_ids: BTreeMap<Class, usize>,
     /// Class of each arrival, once computed.
@@ -302,7 +307,10 @@ impl Liveness {
         if !room.is_empty() {
             for o in open {
                 let job = o.job;
-                if mill.job_state(job) != Some(JobState::Queued) || mill.quota().is_waiting(job) {
+                if mill.job_state(job) != Some(JobState::Queued)
+                    || mill.quota().is_waiting(job)
+                    || o.fenced_until.is_some_and(|until| w.now < until)
+                {
                     continue;
                 }
                 let Some(spec) = spec_of(w, o.arrival) else {
@@ -470,9 +478,13 @@ impl Liveness {
         let mut bound = BTreeMap::new();
         for (o, c) in open.iter().zip(&open_class) {
             let Some(c) = c else { continue };
-            let fresh = class_terms[c];
+            let mut fresh = class_terms[c];
+            // A retry waiting out its fence (M32) starts its run only after it.
+            fresh.deadline += o.fenced_until.map_or(0, |u| u.saturating_sub(now));
             let t = match self.bound.get(&o.job) {
-                Some(old) if old.deadline <= fresh.deadline => *old,
+                Some((old, retried)) if old.deadline <= fresh.deadline && *retried == o.retried => {
+                    *old
+                }
                 _ => fresh,
             };
             if now > t.deadline {
@@ -506,7 +518,7 @@ impl Liveness {
                     ),
                 });
             }
-            bound.insert(o.job, t);
+            bound.insert(o.job, (t, o.retried));
         }
         self.bound = bound;
         Ok(())

@@ -29,6 +29,8 @@ pub enum Purpose {
     /// The timer flags each executor starts with, which the mill's `Welcome` replaces (M1,
     /// E12).
     Flags = 9,
+    /// Which jobs get a retry policy (M32), and which one.
+    Retry = 10,
 }
 
 /// A seeded generator for one purpose, with the few distributions the simulator needs.

@@ -201,6 +201,8 @@ pub struct Knobs {
     pub cpu_millis: Option<(u64, u64)>,
     /// Label constraints: this share of jobs requires these labels.
     pub require: Vec<(std::collections::BTreeSet<String>, f64)>,
+    /// Share of jobs with a retry policy (M32); a quarter by default.
+    pub retry_rate: Option<f64>,
 }
 
 /// Mill settings a scenario file may override.

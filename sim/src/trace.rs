@@ -340,7 +340,18 @@ fn mill_write(s: &mut String, w: &MillWrite) {
             s.push(')');
         }
         MillWrite::LeaseUpsert(r) => {
-            let _ = write!(s, "lease({} {} {} {:?})", r.lease, r.job, r.node, r.state);
+            let _ = write!(
+                s,
+                "lease({} {} #{} {} {:?})",
+                r.lease, r.job, r.attempt, r.node, r.state
+            );
+        }
+        MillWrite::Attempt(a) => {
+            let _ = write!(
+                s,
+                "attempt({} #{} {} {:?} {:?} {:?})",
+                a.job, a.attempt, a.lease, a.status, a.cause, a.outcome
+            );
         }
         MillWrite::LeaseCancel { lease, cancel } => {
             let _ = write!(s, "cancel({lease} {})", cancel.status);
@@ -412,6 +423,17 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
                 }
                 Observation::Quarantined { node } => {
                     let _ = write!(s, "quarantined {node}");
+                }
+                Observation::Retried {
+                    job,
+                    attempt,
+                    cause,
+                    fenced,
+                } => {
+                    let _ = write!(
+                        s,
+                        "retried {job} after #{attempt} {cause:?} fenced={fenced}"
+                    );
                 }
                 Observation::Refused { conn, reason } => {
                     let _ = write!(s, "refused {conn} {reason:?}");

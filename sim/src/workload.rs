@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use millrace_core::executor::EngineConfig;
-use millrace_core::job::{Identity, JobSpec};
+use millrace_core::job::{Identity, JobSpec, RetryOn, RetryPolicy};
 use millrace_core::quota::QuotaConfig;
 use millrace_core::Resources;
 
@@ -69,7 +69,15 @@ const LABELS: [(&str, f64); 4] = [("linux", 0.8), ("arm", 0.3), ("gpu", 0.2), ("
 
 impl Workload {
     /// Draws the fleet and the workload. `byz` decides which executors misbehave.
-    pub fn draw(scenario: &Scenario, swarm: &Swarm, rng: &mut Rng, byz: &mut Rng) -> Workload {
+    /// `retry` decides which jobs get a retry policy (M32), from a stream of its own so that
+    /// every other draw of a seed stays what it was.
+    pub fn draw(
+        scenario: &Scenario,
+        swarm: &Swarm,
+        rng: &mut Rng,
+        byz: &mut Rng,
+        retry: &mut Rng,
+    ) -> Workload {
         let fleet = match &scenario.fleet {
             Some(list) => list
                 .iter()
@@ -165,6 +173,7 @@ impl Workload {
             if let Some(l) = required.filter(|l| l.is_subset(&h.labels)) {
                 spec.labels = l.clone();
             }
+            spec.retry = retry_policy(retry, knobs.retry_rate.unwrap_or(0.25));
             let cancel_after = rng.chance(cancel_p).then(|| rng.range(0, cancel_within));
             arrivals.push((at, Arrival::Job { spec, cancel_after }));
             if rng.chance(invalid_p) {
@@ -299,6 +308,23 @@ fn job_spec(rng: &mut Rng, on: &ExecSpec, k: usize, quota: bool, knobs: &Knobs) 
         payload: format!("job {k}").into_bytes(),
         env: Default::default(),
     }
+}
+
+/// M32: a share `rate` of jobs may be retried, 1–3 times, on the executor's failures and
+/// sometimes on its own.
+fn retry_policy(rng: &mut Rng, rate: f64) -> RetryPolicy {
+    if !rng.chance(rate) {
+        return RetryPolicy::default();
+    }
+    let retries = rng.range(1, 4) as u32;
+    let mut on: BTreeSet<RetryOn> = RetryOn::ALL
+        .into_iter()
+        .filter(|r| rng.chance(if *r == RetryOn::Failed { 0.3 } else { 0.8 }))
+        .collect();
+    if on.is_empty() {
+        on.insert(RetryOn::ExecutorLost);
+    }
+    RetryPolicy { retries, on }
 }
 
 /// A job any shell seat can run: no labels, no resources, owner `o0`, empty payload.

@@ -18,7 +18,10 @@ impl Mill {
                 Timer::Ask(lease) => self.asks.get(lease).is_some_and(|job| {
                     self.jobs.get(job).is_some_and(|j| match &j.phase {
                         Phase::Bidding(round) => round.open_ask_deadline(*lease) == Some(at),
-                        Phase::Queued | Phase::QuotaWait { .. } | Phase::Leased(_) => false,
+                        Phase::Queued
+                        | Phase::QuotaWait { .. }
+                        | Phase::Leased(_)
+                        | Phase::Fenced { .. } => false,
                     })
                 }),
                 Timer::Stray(lease) => self.strays.contains_key(lease),
@@ -39,6 +42,10 @@ impl Mill {
                 Timer::QueueTimeout(job) => self.jobs.get(job).is_some_and(|j| {
                     j.queue_deadline == Some(at) && !matches!(j.phase, Phase::Leased(_))
                 }),
+                Timer::RetryFence(job) => self
+                    .jobs
+                    .get(job)
+                    .is_some_and(|j| matches!(j.phase, Phase::Fenced { until } if until == at)),
             };
             if !live {
                 return Err(format!("timer {timer:?} at {at:?} watches nothing live"));
@@ -59,13 +66,19 @@ impl Mill {
                     Phase::Leased(lease) => {
                         self.leases.get(&lease).is_some_and(|l| l.cancel.is_some())
                     }
-                    Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } => false,
+                    Phase::Queued
+                    | Phase::Bidding(_)
+                    | Phase::QuotaWait { .. }
+                    | Phase::Fenced { .. } => false,
                 };
             if !stopping {
                 missing(Timer::JobTimeout(*id), j.deadline)?;
             }
             if let Some(at) = j.queue_deadline {
                 missing(Timer::QueueTimeout(*id), at)?;
+            }
+            if let Phase::Fenced { until } = j.phase {
+                missing(Timer::RetryFence(*id), until)?;
             }
             if let Phase::Bidding(round) = &j.phase {
                 for (lease, at) in round.open_asks() {

@@ -44,7 +44,7 @@ impl Mill {
             return;
         };
         let lease = match &j.phase {
-            Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } => {
+            Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } | Phase::Fenced { .. } => {
                 return self.finish_job(job, Terminal::by_mill(status, cause, why));
             }
             Phase::Leased(lease) => *lease,

@@ -32,7 +32,8 @@ use std::time::Duration;
 pub use config::{ConfigError, MillConfig};
 pub use placement::{RankIndex, RankKey};
 pub use store::{
-    CancelRecord, JobRecord, KeyRecord, LeaseRecord, LeaseState, MillBatch, MillSnapshot, MillWrite,
+    AttemptEnd, AttemptOutcome, AttemptTally, CancelRecord, JobRecord, KeyRecord, LeaseRecord,
+    LeaseState, MillBatch, MillSnapshot, MillWrite,
 };
 pub use view::SessionView;
 
@@ -201,6 +202,17 @@ pub enum Observation {
         /// How many were applied.
         events: u64,
     },
+    /// An attempt ended and the job's retry policy queued it again (M32).
+    Retried {
+        /// The job.
+        job: JobId,
+        /// The attempt that ended.
+        attempt: u32,
+        /// Why it ended.
+        cause: Option<crate::job::TerminalCause>,
+        /// The next attempt waits out a fence (the run may still have been going).
+        fenced: bool,
+    },
     /// A node was quarantined (M28).
     Quarantined {
         /// The executor.
@@ -291,6 +303,9 @@ impl std::fmt::Display for ViolationKind {
 pub enum RarePath {
     /// Grace expired while a cancel was pending for one of the node's leases (M5).
     GraceExpiredWithPendingCancel,
+    /// A snapshot reported the run of an attempt retried behind a fence: the fence holds
+    /// while the run lives (M32).
+    FencedRunReported,
     /// A commit was re-sent (M17).
     CommitResent,
     /// The mill restarted holding running leases (M29).
@@ -328,6 +343,8 @@ enum Timer {
     Teardown(LeaseId),
     JobTimeout(JobId),
     QueueTimeout(JobId),
+    /// A retry's fence is over: the job may be placed (M32).
+    RetryFence(JobId),
 }
 
 /// A connection the driver reported.
@@ -393,6 +410,8 @@ struct Lease {
     /// a cancel stops it (E8), even after a reconnect cleared `commit_sent`.
     commit_out: bool,
     cancel: Option<LeaseCancel>,
+    /// The job's attempt this lease is (M32).
+    attempt: u32,
 }
 
 /// Where a job that has not ended stands.
@@ -400,8 +419,15 @@ struct Lease {
 enum Phase {
     Queued,
     Bidding(placement::BidRound),
-    QuotaWait { charge: Resources },
+    QuotaWait {
+        charge: Resources,
+    },
     Leased(LeaseId),
+    /// Its last attempt's executor was lost: the next attempt waits until the run it may
+    /// still have is surely stopped (M32, I1, E12).
+    Fenced {
+        until: Time,
+    },
 }
 
 #[derive(Debug)]
@@ -424,6 +450,12 @@ struct Job {
     /// session lasts they are not asked again if another candidate can be (M13, I9) — an
     /// ask would only hold their seat from jobs they can run.
     incompatible: BTreeMap<NodeId, ConnId>,
+    /// The highest attempt number used (M32): its next lease is attempt `attempt + 1`.
+    attempt: u32,
+    /// The lease of its last attempt while that attempt's run may live on (M32).
+    fenced_run: Option<LeaseId>,
+    /// Attempts that ended in a retry (M32): at most `spec.retry.retries`.
+    retried: u32,
 }
 
 /// The mill. See the module docs.
@@ -466,6 +498,11 @@ pub struct Mill {
     quota: QuotaLedger,
     /// Idempotency keys (M31).
     keys: keys::Keys,
+    /// M32: leases whose attempt was retried behind a fence (their executor was lost, so
+    /// the run may live on), with their node and job, until the job's next lease or end. A
+    /// snapshot that still reports one is evidence the run lives: the fence holds while it
+    /// does, whatever the clock says.
+    fenced_runs: BTreeMap<LeaseId, (NodeId, JobId)>,
 
     next_job: JobId,
     next_lease: LeaseId,
@@ -513,6 +550,7 @@ impl Mill {
             index_dirty: BTreeSet::new(),
             quota,
             keys: keys::Keys::default(),
+            fenced_runs: BTreeMap::new(),
             next_job: JobId(1),
             next_lease: LeaseId(1),
             lease_floor: LeaseId(1),
@@ -650,7 +688,9 @@ impl Mill {
     pub fn job_state(&self, job: JobId) -> Option<JobState> {
         let j = self.jobs.get(&job)?;
         Some(match &j.phase {
-            Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } => JobState::Queued,
+            Phase::Queued | Phase::Bidding(_) | Phase::QuotaWait { .. } | Phase::Fenced { .. } => {
+                JobState::Queued
+            }
             Phase::Leased(lease) => {
                 let l = self.leases.get(lease)?;
                 match l.state {
@@ -800,6 +840,7 @@ impl Mill {
             Timer::Teardown(lease) => self.teardown_expired(lease, at),
             Timer::JobTimeout(job) => self.job_timed_out(job, at),
             Timer::QueueTimeout(job) => self.queue_timed_out(job, at),
+            Timer::RetryFence(job) => self.fence_over(job, at),
         }
     }
 
@@ -881,6 +922,9 @@ impl Mill {
                 persisted_beyond_queued: false,
                 waits_for_change: None,
                 incompatible: BTreeMap::new(),
+                attempt: 0,
+                retried: 0,
+                fenced_run: None,
             }),
         );
         self.owner_job_added(id);
@@ -908,6 +952,10 @@ impl Mill {
         };
         self.disarm(&Timer::JobTimeout(job));
         self.disarm(&Timer::QueueTimeout(job));
+        self.disarm(&Timer::RetryFence(job));
+        if let Some(lease) = j.fenced_run {
+            self.fenced_runs.remove(&lease);
+        }
         let owner = j.spec.identity.owner.as_str();
         self.fair_out(owner);
         if let Some(o) = self.owners.get_mut(owner) {
@@ -987,6 +1035,12 @@ impl Mill {
     fn why_waiting(&self, spec: &JobSpec, phase: &Phase) -> String {
         if let Phase::QuotaWait { .. } = phase {
             return format!("waiting for quota of owner {}", spec.identity.owner);
+        }
+        if let Phase::Fenced { until } = phase {
+            return format!(
+                "retrying: waiting {:?} more for the lost executor's run to be surely stopped (M32)",
+                until.since(self.now)
+            );
         }
         let live: Vec<_> = self
             .sessions
@@ -1079,11 +1133,163 @@ impl Mill {
         }
         self.withdraw_commit(lease);
         self.release_quota(l.job, true);
-        match terminal {
-            // The release above left the job neither holding nor waiting (Q3).
-            Some(t) => self.end_job(l.job, t, false),
-            None => self.requeue(l.job),
+        let Some(t) = terminal else {
+            self.persist_attempt(&l, lease, None, AttemptOutcome::Released);
+            self.requeue(l.job);
+            self.wake_placement();
+            return;
+        };
+        match self.retry_fence(&l, &t) {
+            Some(fence) => {
+                let fenced = !fence.is_zero();
+                self.persist_attempt(&l, lease, Some(&t), AttemptOutcome::Retried { fenced });
+                if fenced {
+                    if let Some(j) = self.jobs.get_mut(&l.job) {
+                        if let Some(old) = j.fenced_run.replace(lease) {
+                            self.fenced_runs.remove(&old);
+                        }
+                        self.fenced_runs.insert(lease, (l.node.clone(), l.job));
+                    }
+                }
+                self.retry(l.job, &t, fence);
+            }
+            None => {
+                self.persist_attempt(&l, lease, Some(&t), AttemptOutcome::Final);
+                // The release above left the job neither holding nor waiting (Q3).
+                self.end_job(l.job, t, false);
+            }
         }
+        self.wake_placement();
+    }
+
+    /// M32: whether the attempt `l` ended with `t` is retried, and if so how long the next
+    /// attempt waits. An end the executor reported (the run is over, self-fencing included)
+    /// or a snapshot that no longer holds the job (the executor does not run it) waits
+    /// nothing. An executor the mill gave up on (grace expiry, a replaced store, quarantine)
+    /// may still run the job: it stops it once it has heard nothing from the mill for
+    /// `reconnect_grace` (E12), and it may have heard the mill up to now (a `Welcome` of a
+    /// recovery that did not complete, acks while M6 extended the grace), so the next
+    /// attempt waits that whole bound plus `retry_fence` for the stop itself.
+    fn retry_fence(&self, l: &Lease, t: &Terminal) -> Option<Duration> {
+        use crate::job::TerminalCause;
+        let j = self.jobs.get(&l.job)?;
+        if j.retried >= j.spec.retry.retries || !j.spec.retry.retries_on(t.status, t.cause) {
+            return None;
+        }
+        Some(match t.cause {
+            Some(
+                TerminalCause::ExecutorLost
+                | TerminalCause::ExecutorReplaced
+                | TerminalCause::Quarantined,
+            ) => self
+                .config
+                .reconnect_grace
+                .saturating_add(self.config.retry_fence),
+            _ => Duration::ZERO,
+        })
+    }
+
+    /// Records how attempt `l` (under `lease`) ended (M32).
+    fn persist_attempt(
+        &mut self,
+        l: &Lease,
+        lease: LeaseId,
+        t: Option<&Terminal>,
+        outcome: AttemptOutcome,
+    ) {
+        self.persist(MillWrite::Attempt(Box::new(AttemptEnd {
+            job: l.job,
+            attempt: l.attempt,
+            lease,
+            status: t.map(|t| t.status),
+            cause: t.and_then(|t| t.cause),
+            exit_code: t.and_then(|t| t.exit_code),
+            error: t.and_then(|t| t.error.clone()),
+            outcome,
+        })));
+    }
+
+    /// M32: the job's attempt ended with `t` and its policy retries it: it is queued again
+    /// (durably, so a restart keeps the attempt count), at once or after `fence`.
+    fn retry(&mut self, job: JobId, t: &Terminal, fence: Duration) {
+        let until = self.now.plus(fence);
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        j.retried = j.retried.saturating_add(1);
+        debug_assert!(
+            j.retried <= j.spec.retry.retries,
+            "M32: {job} retried {} times, its policy allows {}",
+            j.retried,
+            j.spec.retry.retries
+        );
+        let attempt = j.attempt;
+        if !fence.is_zero() {
+            j.phase = Phase::Fenced { until };
+            j.persisted_beyond_queued = false;
+        }
+        self.observe(Observation::Retried {
+            job,
+            attempt,
+            cause: t.cause,
+            fenced: !fence.is_zero(),
+        });
+        if fence.is_zero() {
+            self.requeue(job);
+            return;
+        }
+        self.persist(MillWrite::JobState {
+            job,
+            state: JobState::Queued,
+        });
+        self.emit(MillOutput::JobUpdate {
+            job,
+            state: JobState::Queued,
+        });
+        self.arm(until, Timer::RetryFence(job));
+    }
+
+    /// M32: `node`'s snapshot reports `active`; a fenced run among them still lives, so its
+    /// job's next attempt waits `retry_fence` past this report (the executor reports every
+    /// `snapshot_interval`, well within it, while the run lasts). A job whose next attempt
+    /// already waits in the queue is taken back out; one already bidding or leased is past
+    /// help (the fence was the promise, and it has been kept by the clock).
+    pub(super) fn fenced_runs_alive(&mut self, node: &NodeId, active: &[LeaseId]) {
+        for lease in active {
+            let Some((on, job)) = self.fenced_runs.get(lease) else {
+                continue;
+            };
+            if on != node {
+                continue;
+            }
+            let job = *job;
+            let until = self.now.plus(self.config.retry_fence);
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            match j.phase {
+                Phase::Fenced { until: old } if old >= until => continue,
+                Phase::Fenced { .. } => {}
+                Phase::Queued => {}
+                Phase::Bidding(_) | Phase::QuotaWait { .. } | Phase::Leased(_) => continue,
+            }
+            j.phase = Phase::Fenced { until };
+            self.queue_remove(job);
+            self.disarm(&Timer::RetryFence(job));
+            self.arm(until, Timer::RetryFence(job));
+            self.observe(Observation::Rare(RarePath::FencedRunReported));
+        }
+    }
+
+    /// The fence of a retry is over: the job is placed again (M32).
+    fn fence_over(&mut self, job: JobId, fired: Time) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        if !matches!(j.phase, Phase::Fenced { until } if until == fired) {
+            return;
+        }
+        self.requeue(job);
         self.wake_placement();
     }
 
@@ -1208,6 +1414,7 @@ impl Mill {
             resources: l.resources.clone(),
             state: l.state,
             cancel: l.cancel.as_ref().map(LeaseCancel::record),
+            attempt: l.attempt,
         })
     }
 

@@ -815,6 +815,11 @@ impl Mill {
         };
         j.phase = Phase::Leased(lease);
         j.persisted_beyond_queued = true;
+        j.attempt = j.attempt.saturating_add(1);
+        let attempt = j.attempt;
+        if let Some(old) = j.fenced_run.take() {
+            self.fenced_runs.remove(&old);
+        }
         let latency = self.now.since(j.queued_at);
         let identity = j.spec.identity.clone();
         self.add_lease(
@@ -828,6 +833,7 @@ impl Mill {
                 commit_sent: None,
                 commit_out: false,
                 cancel: None,
+                attempt,
             },
         );
         if let Some(record) = self.lease_record(lease) {

@@ -72,6 +72,7 @@ impl Mill {
                     // node is reconciled, its ack re-arms the teardown deadline, and grace
                     // expiry or reconcile end the lease with its status (M5, M8).
                     cancel: record.cancel.map(LeaseCancel::restored),
+                    attempt: record.attempt,
                 },
             );
         }
@@ -97,6 +98,17 @@ impl Mill {
                 _ => None,
             };
             let requeued = lease.is_none() && record.state != JobState::Queued;
+            let tally = snap.attempts.get(&id).copied().unwrap_or_default();
+            // M32: a retry waiting out its fence before the crash waits it out whole again,
+            // with the full E12 bound: how much of it passed is unknown (`Time` does not
+            // survive a restart), and waiting longer is safe.
+            let fence = (lease.is_none() && tally.fence_pending).then(|| {
+                self.now.plus(
+                    self.config
+                        .reconnect_grace
+                        .saturating_add(self.config.retry_fence),
+                )
+            });
             // A job no lease ever took waits its queue timeout again from the restart, as
             // its job timeout does.
             let queue_deadline = if record.state == JobState::Queued {
@@ -111,19 +123,25 @@ impl Mill {
                     queued_at: self.now,
                     deadline,
                     queue_deadline,
-                    phase: match lease {
-                        Some(l) => Phase::Leased(l),
-                        None => Phase::Queued,
+                    phase: match (lease, fence) {
+                        (Some(l), _) => Phase::Leased(l),
+                        (None, Some(until)) => Phase::Fenced { until },
+                        (None, None) => Phase::Queued,
                     },
                     quota_held: None,
                     persisted_beyond_queued: lease.is_some(),
                     waits_for_change: None,
                     incompatible: std::collections::BTreeMap::new(),
+                    attempt: tally.last,
+                    retried: tally.retried,
+                    fenced_run: None,
                 }),
             );
             self.owner_job_added(id);
-            if lease.is_none() {
-                self.queue_insert(id);
+            match (lease, fence) {
+                (Some(_), _) => {}
+                (None, Some(until)) => self.arm(until, super::Timer::RetryFence(id)),
+                (None, None) => self.queue_insert(id),
             }
             if requeued {
                 self.persist(MillWrite::JobState {

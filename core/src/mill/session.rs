@@ -716,6 +716,9 @@ impl Mill {
                 return self.violation(node, ViolationKind::BadSnapshot, &why);
             }
         }
+        if !self.fenced_runs.is_empty() {
+            self.fenced_runs_alive(node, &active);
+        }
         let Some(s) = self.sessions.get_mut(node) else {
             return;
         };

@@ -44,6 +44,60 @@ pub struct LeaseRecord {
     /// The cancel the mill accepted for it (M26), if any: kept so that a restarted mill
     /// sends it again and ends the job with its status (M29).
     pub cancel: Option<CancelRecord>,
+    /// The job's attempt this lease is (M32): 1 for its first lease, one more for each
+    /// lease after; never reused.
+    pub attempt: u32,
+}
+
+/// What became of a job after one of its attempts ended (M32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// The job ended with this attempt's terminal.
+    Final,
+    /// The job is queued for its next attempt under its retry policy. `fenced`: the run
+    /// may still have been going when its lease ended (the executor was lost), so the next
+    /// attempt waits until it is surely stopped (I1, E12).
+    Retried {
+        /// The next attempt waits out the fence.
+        fenced: bool,
+    },
+    /// Nothing ran (the seat was never committed, or the executor never started it): the
+    /// job is placed again without spending a retry.
+    Released,
+}
+
+/// How one attempt ended (M32).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptEnd {
+    /// The job.
+    pub job: JobId,
+    /// Its attempt number (the lease's [`LeaseRecord::attempt`]).
+    pub attempt: u32,
+    /// The attempt's lease.
+    pub lease: LeaseId,
+    /// How the attempt ended; `None` when nothing ran (`Released`).
+    pub status: Option<TerminalStatus>,
+    /// Why.
+    pub cause: Option<TerminalCause>,
+    /// The engine's exit code, if it ran to one.
+    pub exit_code: Option<i32>,
+    /// Human text.
+    pub error: Option<String>,
+    /// What became of the job.
+    pub outcome: AttemptOutcome,
+}
+
+/// Where an open job's attempts stand, as a restarted mill needs it (M32, M29).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptTally {
+    /// The highest attempt number used.
+    pub last: u32,
+    /// Attempts that ended `Retried` (retries spent).
+    pub retried: u32,
+    /// The latest attempt ended `Retried { fenced: true }` and no lease has been made
+    /// since: the next attempt must wait out the fence again after a restart.
+    pub fence_pending: bool,
 }
 
 /// A cancel the mill accepted for a running lease (M26, M18), as stored (M29).
@@ -124,6 +178,8 @@ pub enum MillWrite {
         /// The cancel.
         cancel: CancelRecord,
     },
+    /// An attempt ended (M32): written with the lease's delete.
+    Attempt(Box<AttemptEnd>),
     /// A lease ended.
     LeaseDelete {
         /// The lease.
@@ -195,6 +251,8 @@ pub struct MillSnapshot {
     pub quarantined: BTreeSet<NodeId>,
     /// Idempotency keys (M31), of active and finished jobs alike, until retention.
     pub keys: BTreeMap<IdempotencyKey, KeyRecord>,
+    /// Attempts of jobs that have not ended (M32).
+    pub attempts: BTreeMap<JobId, AttemptTally>,
 }
 
 impl MillSnapshot {
@@ -229,12 +287,31 @@ impl MillSnapshot {
             MillWrite::JobState { job, state } => {
                 if matches!(state, JobState::Done(_)) {
                     self.jobs.remove(job);
+                    self.attempts.remove(job);
                 } else if let Some(record) = self.jobs.get_mut(job) {
                     record.state = state.clone();
                 }
             }
             MillWrite::LeaseUpsert(record) => {
+                let tally = self.attempts.entry(record.job).or_default();
+                if record.attempt > tally.last {
+                    tally.last = record.attempt;
+                    tally.fence_pending = false;
+                }
                 self.leases.insert(record.lease, record.clone());
+            }
+            MillWrite::Attempt(end) => {
+                if let Some(tally) = self.attempts.get_mut(&end.job) {
+                    match end.outcome {
+                        AttemptOutcome::Retried { fenced } => {
+                            tally.retried = tally.retried.saturating_add(1);
+                            tally.fence_pending = fenced;
+                        }
+                        AttemptOutcome::Final | AttemptOutcome::Released => {
+                            tally.fence_pending = false;
+                        }
+                    }
+                }
             }
             MillWrite::LeaseCancel { lease, cancel } => {
                 if let Some(record) = self.leases.get_mut(lease) {

@@ -394,6 +394,7 @@ impl Chaos {
                             Observation::Quarantined { .. } => "quarantined".to_string(),
                             Observation::Refused { .. } => "refused".to_string(),
                             Observation::Applied { .. } => "applied".to_string(),
+                            Observation::Retried { .. } => "retried".to_string(),
                             Observation::Rare(p) => format!("{p:?}"),
                         };
                         *self.seen.entry(kind).or_insert(0) += 1;
@@ -921,6 +922,13 @@ fn check_invariants(m: &Mill, ask_node: &BTreeMap<LeaseId, NodeId>, at: &str) {
                 assert!(!m.queue.contains(id));
             }
             Phase::Leased(l) => assert!(m.leases.contains_key(l), "{at}: {id} on gone {l}"),
+            Phase::Fenced { until } => {
+                assert!(!m.queue.contains(id), "{at}: fenced {id} in queue");
+                assert!(
+                    armed(*until, Timer::RetryFence(*id)),
+                    "{at}: fenced {id} has no fence timer"
+                );
+            }
         }
         if matches!(j.phase, Phase::Queued | Phase::QuotaWait { .. }) {
             not_leased += 1;
