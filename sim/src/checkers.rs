@@ -206,6 +206,9 @@ struct Attempts {
     ended: BTreeSet<LeaseId>,
     /// Attempts that ended `Retried`.
     retried: u32,
+    /// From its insert, when its timeout passes at the earliest (M18: a job past it is
+    /// never retried).
+    timeout_at: Micros,
 }
 
 /// A durable lease, as the checker saw it written.
@@ -313,6 +316,7 @@ pub struct Checker {
     fences_inc: u32,
     /// Ended leases a snapshot delivered to the mill still reported, and when (M32).
     reported_alive: BTreeMap<LeaseId, Micros>,
+
     /// Cancels the mill accepted, by job (I11).
     cancels: BTreeMap<JobId, CancelRec>,
     /// When an executor first received a `CancelAttempt` for a lease (I11).
@@ -442,6 +446,7 @@ impl Checker {
             fences: BTreeMap::new(),
             fences_inc: 0,
             reported_alive: BTreeMap::new(),
+
             ended: BTreeMap::new(),
             cursors: BTreeMap::new(),
             history: BTreeMap::new(),
@@ -556,10 +561,12 @@ impl Checker {
                     if !self.inserted.insert(*job) {
                         return fail("I2", format!("job id {job} inserted twice"));
                     }
+                    let timeout = record.spec.timeout.unwrap_or(w.mill_cfg.job_timeout);
                     self.attempts.insert(
                         *job,
                         Attempts {
                             policy: record.spec.retry.clone(),
+                            timeout_at: w.now.saturating_add(dur(timeout)),
                             ..Attempts::default()
                         },
                     );
@@ -709,10 +716,15 @@ impl Checker {
 
     /// A snapshot of `exec` reached the mill at `now` reporting `active` (M32: an ended
     /// lease it still reports is evidence its run lives).
-    pub fn snapshot_received(&mut self, now: Micros, active: &[LeaseId]) {
+    pub fn snapshot_received(&mut self, now: Micros, active: &[LeaseId], retry_fence: Micros) {
         for lease in active {
             if self.ended.contains_key(lease) {
                 self.reported_alive.insert(*lease, now);
+                // The mill holds a fenced retry while its old run is reported (M32).
+                let job = self.leases.get(lease).map(|r| r.job);
+                if let Some(until) = job.and_then(|j| self.fences.get_mut(&j)) {
+                    *until = (*until).max(now.saturating_add(retry_fence));
+                }
             }
         }
     }
@@ -800,7 +812,12 @@ impl Checker {
                     .or_else(|| t.node.as_ref().and_then(|n| exec_index(w, n)));
                 self.lease_verdict(w, job, &t, exec, ctx)?;
             }
-            AttemptOutcome::Final if retryable && a.retried < a.policy.retries => {
+            AttemptOutcome::Final
+                if retryable
+                    && a.retried < a.policy.retries
+                    && !self.cancels.contains_key(&job)
+                    && w.now < a.timeout_at =>
+            {
                 return fail(
                     "I2",
                     format!(

@@ -1954,7 +1954,8 @@ impl Sim {
                         self.ctx.kind = StepKind::Snapshot { exec };
                         self.ctx.active.clear();
                         self.ctx.active.extend_from_slice(active_leases);
-                        self.c.snapshot_received(now, active_leases);
+                        let fence = dur(self.w.mill_cfg.retry_fence);
+                        self.c.snapshot_received(now, active_leases, fence);
                         self.note_lost_commits(exec, active_leases);
                     }
                     ToMill::CommitResult {

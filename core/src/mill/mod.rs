@@ -1176,6 +1176,11 @@ impl Mill {
         if j.retried >= j.spec.retry.retries || !j.spec.retry.retries_on(t.status, t.cause) {
             return None;
         }
+        // A job being cancelled or past its timeout (M26, M18) is never run again, even
+        // when its engine's own failure beat the cancel.
+        if l.cancel.is_some() || j.deadline <= self.now {
+            return None;
+        }
         Some(match t.cause {
             Some(
                 TerminalCause::ExecutorLost

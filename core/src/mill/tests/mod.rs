@@ -6,6 +6,7 @@ mod events;
 mod keys;
 mod placement;
 mod restart;
+mod retries;
 mod review;
 mod sessions;
 mod timers;
