@@ -353,8 +353,8 @@ impl MillStore {
         // M32: where the attempts of each open job stand.
         let mut stmt = conn
             .prepare(
-                "SELECT a.job, a.attempt, a.outcome FROM attempts a JOIN jobs j ON j.id = a.job
-                 WHERE j.done = 0 ORDER BY a.job, a.attempt",
+                "SELECT a.job, a.attempt, a.outcome, a.lease, a.node FROM attempts a
+                 JOIN jobs j ON j.id = a.job WHERE j.done = 0 ORDER BY a.job, a.attempt",
             )
             .map_err(self.sq())?;
         let rows = stmt
@@ -363,11 +363,13 @@ impl MillStore {
                     r.get::<_, i64>(0)?,
                     r.get::<_, i64>(1)?,
                     r.get::<_, Option<String>>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
                 ))
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (job, attempt, outcome) = row.map_err(self.sq())?;
+            let (job, attempt, outcome, lease, node) = row.map_err(self.sq())?;
             let tally = snap.attempts.entry(JobId(to_u64(job))).or_default();
             tally.last = tally.last.max(u32::try_from(attempt).unwrap_or(u32::MAX));
             let retried = matches!(outcome.as_deref(), Some("retried" | "retried_fenced"));
@@ -376,6 +378,14 @@ impl MillStore {
             }
             // Rows come in attempt order: the latest decides whether a fence is pending.
             tally.fence_pending = outcome.as_deref() == Some("retried_fenced");
+            tally.fenced_run = match tally.fence_pending {
+                true => Some((
+                    LeaseId(to_u64(lease)),
+                    NodeId::new(node)
+                        .map_err(|e| self.corrupt(format!("job {job} attempt: node: {e}")))?,
+                )),
+                false => None,
+            };
         }
         let mut stmt = conn
             .prepare("SELECT node, epoch, seqno FROM cursors")

@@ -1206,6 +1206,7 @@ impl Mill {
             job: l.job,
             attempt: l.attempt,
             lease,
+            node: l.node.clone(),
             status: t.map(|t| t.status),
             cause: t.and_then(|t| t.cause),
             exit_code: t.and_then(|t| t.exit_code),

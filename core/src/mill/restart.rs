@@ -98,7 +98,7 @@ impl Mill {
                 _ => None,
             };
             let requeued = lease.is_none() && record.state != JobState::Queued;
-            let tally = snap.attempts.get(&id).copied().unwrap_or_default();
+            let tally = snap.attempts.get(&id).cloned().unwrap_or_default();
             // M32: a retry waiting out its fence before the crash waits it out whole again,
             // with the full E12 bound: how much of it passed is unknown (`Time` does not
             // survive a restart), and waiting longer is safe.
@@ -134,13 +134,19 @@ impl Mill {
                     incompatible: std::collections::BTreeMap::new(),
                     attempt: tally.last,
                     retried: tally.retried,
-                    fenced_run: None,
+                    fenced_run: fence.and(tally.fenced_run.as_ref().map(|(l, _)| *l)),
                 }),
             );
             self.owner_job_added(id);
             match (lease, fence) {
                 (Some(_), _) => {}
-                (None, Some(until)) => self.arm(until, super::Timer::RetryFence(id)),
+                (None, Some(until)) => {
+                    self.arm(until, super::Timer::RetryFence(id));
+                    // The old run's reports hold the fence after the restart too (M32).
+                    if let Some((lease, node)) = tally.fenced_run {
+                        self.fenced_runs.insert(lease, (node, id));
+                    }
+                }
                 (None, None) => self.queue_insert(id),
             }
             if requeued {

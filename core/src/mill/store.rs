@@ -76,6 +76,8 @@ pub struct AttemptEnd {
     pub attempt: u32,
     /// The attempt's lease.
     pub lease: LeaseId,
+    /// The executor it ran on.
+    pub node: NodeId,
     /// How the attempt ended; `None` when nothing ran (`Released`).
     pub status: Option<TerminalStatus>,
     /// Why.
@@ -89,7 +91,7 @@ pub struct AttemptEnd {
 }
 
 /// Where an open job's attempts stand, as a restarted mill needs it (M32, M29).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AttemptTally {
     /// The highest attempt number used.
     pub last: u32,
@@ -98,6 +100,9 @@ pub struct AttemptTally {
     /// The latest attempt ended `Retried { fenced: true }` and no lease has been made
     /// since: the next attempt must wait out the fence again after a restart.
     pub fence_pending: bool,
+    /// That attempt's lease and node, while `fence_pending`: a snapshot of the node that
+    /// still reports the lease holds the fence after a restart too.
+    pub fenced_run: Option<(LeaseId, NodeId)>,
 }
 
 /// A cancel the mill accepted for a running lease (M26, M18), as stored (M29).
@@ -297,6 +302,7 @@ impl MillSnapshot {
                 if record.attempt > tally.last {
                     tally.last = record.attempt;
                     tally.fence_pending = false;
+                    tally.fenced_run = None;
                 }
                 self.leases.insert(record.lease, record.clone());
             }
@@ -306,9 +312,11 @@ impl MillSnapshot {
                         AttemptOutcome::Retried { fenced } => {
                             tally.retried = tally.retried.saturating_add(1);
                             tally.fence_pending = fenced;
+                            tally.fenced_run = fenced.then(|| (end.lease, end.node.clone()));
                         }
                         AttemptOutcome::Final | AttemptOutcome::Released => {
                             tally.fence_pending = false;
+                            tally.fenced_run = None;
                         }
                     }
                 }

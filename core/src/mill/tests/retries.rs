@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::job::{RetryOn, RetryPolicy, TerminalCause};
-use crate::mill::{AttemptOutcome, AttemptTally};
+use crate::mill::AttemptOutcome;
 
 fn retrying(retries: u32, on: &[RetryOn]) -> JobSpec {
     JobSpec {
