@@ -264,8 +264,11 @@ fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
     // the right reason: from the heal to its last job, x3's one seat is never free longer
     // than I9's placement allowance, and the arm jobs the old report named all run on it.
     let all = scenario_file::embedded().unwrap();
-    let s = all.iter().find(|s| s.name == "partitions").unwrap();
-    let o = sim::run_traced(s, 2_167_729, 1_000_000);
+    let mut s = all.iter().find(|s| s.name == "partitions").unwrap().clone();
+    // The seed predates retry policies (M32): without them it runs as it did when this
+    // test was written (their draws have a stream of their own).
+    s.knobs.retry_rate = Some(0.0);
+    let o = sim::run_traced(&s, 2_167_729, 1_000_000);
     if o.failure.is_some() {
         panic!("{}", failure_report(&o, None));
     }
@@ -323,7 +326,7 @@ fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
         );
     }
     // No driver lag in this seed's swarm (partition, one-way, spike, reset).
-    let allow = sim::liveness::Allowances::new(&s.mill_config(), s, false);
+    let allow = sim::liveness::Allowances::new(&s.mill_config(), &s, false);
     let place = allow.place as f64 / 1e6;
     assert!(
         longest_free <= place,
