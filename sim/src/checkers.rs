@@ -22,7 +22,7 @@ use millrace_core::mill::{
 };
 use millrace_core::quota::Scope;
 use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
-use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Seqno};
+use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno};
 
 use crate::byzantine::{ByzKind, Expect};
 use crate::coverage::Path;
@@ -309,6 +309,9 @@ pub struct Checker {
     attempts: BTreeMap<JobId, Attempts>,
     /// Engine starts of a second or later attempt that I1 allowed (coverage).
     pub retry_starts: u64,
+    /// M33's order (checked with I9): jobs whose insert is durable and that no
+    /// `ReserveSeat` has asked for yet.
+    order: FreshOrder,
     /// Retries waiting out their fence (M32), until when; a restarted mill waits the whole
     /// fence again from its start.
     fences: BTreeMap<JobId, Micros>,
@@ -428,7 +431,123 @@ fn exec_index_at(w: &World, node: &NodeId, epoch: Epoch) -> Option<usize> {
         .or_else(|| exec_index(w, node))
 }
 
+/// What makes two jobs interchangeable for placement: the same candidates, the same fit
+/// (engine, labels, resources, pinned node).
+type PlaceClass = (String, BTreeSet<String>, Resources, Option<NodeId>);
+
+/// A job's place in its owner's queue (M33): higher priority first, then submit order.
+type OwnerKey = (std::cmp::Reverse<i32>, JobId);
+
+/// M33 checked from outside the mill: the first `ReserveSeat` of a job that was never asked
+/// for must not pass over a job of the same owner and class that was never asked for either
+/// and comes first in the owner's order (priority, then submit order). Only never-asked jobs
+/// are compared: a job whose earlier round failed may rightly wait (it waits for a change
+/// of the fleet, or its candidates said incompatible), and a later ask of a round started
+/// before another job arrived is not a choice between them.
+#[derive(Debug, Default)]
+struct FreshOrder {
+    jobs: BTreeMap<JobId, (PlaceClass, String, OwnerKey)>,
+    /// Per (class, owner), in the owner's order.
+    by_owner: BTreeMap<(PlaceClass, String), BTreeSet<OwnerKey>>,
+    /// Per class, in submit order: the owner of each job.
+    by_class: BTreeMap<PlaceClass, BTreeMap<JobId, String>>,
+    /// First asks that passed over an older never-asked job of the owner with a lower
+    /// priority (coverage: priority decided).
+    priority_overtakes: u64,
+    /// First asks that passed over an older never-asked job of the same class of another
+    /// owner (coverage: M33's owner order decided, not submit order).
+    owner_overtakes: u64,
+}
+
+impl FreshOrder {
+    fn inserted(&mut self, job: JobId, spec: &JobSpec) {
+        let class: PlaceClass = (
+            spec.engine.clone(),
+            spec.labels.clone(),
+            spec.resources.clone(),
+            spec.node.clone(),
+        );
+        let owner = spec.identity.owner.clone();
+        let key = (std::cmp::Reverse(spec.priority), job);
+        self.by_owner
+            .entry((class.clone(), owner.clone()))
+            .or_default()
+            .insert(key);
+        self.by_class
+            .entry(class.clone())
+            .or_default()
+            .insert(job, owner.clone());
+        self.jobs.insert(job, (class, owner, key));
+    }
+
+    fn forget(&mut self, job: JobId) -> Option<(PlaceClass, String, OwnerKey)> {
+        let (class, owner, key) = self.jobs.remove(&job)?;
+        let slot = (class, owner);
+        if let Some(set) = self.by_owner.get_mut(&slot) {
+            set.remove(&key);
+            if set.is_empty() {
+                self.by_owner.remove(&slot);
+            }
+        }
+        let (class, owner) = slot;
+        if let Some(m) = self.by_class.get_mut(&class) {
+            m.remove(&job);
+            if m.is_empty() {
+                self.by_class.remove(&class);
+            }
+        }
+        Some((class, owner, key))
+    }
+
+    fn ended(&mut self, job: JobId) {
+        self.forget(job);
+    }
+
+    /// A `ReserveSeat` for `job` went out.
+    fn asked(&mut self, job: JobId) -> Result<(), Violation> {
+        let Some((class, owner, key)) = self.jobs.get(&job).cloned() else {
+            return Ok(());
+        };
+        let slot = (class, owner);
+        if let Some(set) = self.by_owner.get(&slot) {
+            if let Some(first) = set.first().filter(|f| **f < key) {
+                return fail(
+                    "I9",
+                    format!(
+                        "M33: {job} (priority {}) asked for while {} (priority {}) of the same \
+                         owner {} and class waited, never asked, ahead of it in the owner's order",
+                        key.0 .0, first.1, first.0 .0, slot.1
+                    ),
+                );
+            }
+            if set.iter().any(|k| k.1 < job && k.0 > key.0) {
+                self.priority_overtakes += 1;
+            }
+        }
+        if let Some(m) = self.by_class.get(&slot.0) {
+            if m.iter()
+                .next()
+                .is_some_and(|(k, o)| *k < job && *o != slot.1)
+            {
+                self.owner_overtakes += 1;
+            }
+        }
+        self.forget(job);
+        Ok(())
+    }
+}
+
 impl Checker {
+    /// First asks that passed over an older, lower-priority job of the owner (M33 coverage).
+    pub fn priority_overtakes(&self) -> u64 {
+        self.order.priority_overtakes
+    }
+
+    /// First asks that passed over an older job of another owner (M33 coverage).
+    pub fn owner_overtakes(&self) -> u64 {
+        self.order.owner_overtakes
+    }
+
     /// A checker with `bounds`.
     pub fn new(bounds: Bounds) -> Self {
         Checker {
@@ -443,6 +562,7 @@ impl Checker {
             lease_of_job: BTreeMap::new(),
             attempts: BTreeMap::new(),
             retry_starts: 0,
+            order: FreshOrder::default(),
             fences: BTreeMap::new(),
             fences_inc: 0,
             reported_alive: BTreeMap::new(),
@@ -571,6 +691,7 @@ impl Checker {
                         },
                     );
                     self.queued_since.insert(*job, (w.now, false));
+                    self.order.inserted(*job, &record.spec);
                 }
                 MillWrite::KeyInsert { key, record } => {
                     // M31 with M29: a key is durable in its job's insert batch, never
@@ -844,6 +965,7 @@ impl Checker {
         ctx: &StepCtx,
     ) -> Result<(), Violation> {
         self.terminals.insert(job, t.clone());
+        self.order.ended(job);
         if !self.inserted.contains(&job) {
             return fail("I2", format!("terminal recorded for {job}, never inserted"));
         }
@@ -1409,6 +1531,10 @@ impl Checker {
         conn: ConnId,
         msg: &ToExecutor,
     ) -> Result<(), Violation> {
+        if let ToExecutor::ReserveSeat { job, .. } = msg {
+            // Judged whatever connection it went out on: the mill chose the job.
+            self.order.asked(*job)?;
+        }
         let Some(exec) = w.exec_of_conn(conn) else {
             return Ok(());
         };

@@ -139,11 +139,17 @@ pub enum Path {
     RetryStarted,
     /// A snapshot reported a run retried behind a fence; the fence held (M32).
     FencedRunReported,
+    /// A job was asked for before an older job of its owner and class with a lower priority
+    /// (M33).
+    PriorityOvertook,
+    /// A job was asked for before an older job of the same class of another owner: M33's
+    /// owner order decided, not submit order.
+    OwnerOvertook,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 54] = [
+    pub const ALL: [Path; 56] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -198,6 +204,8 @@ impl Path {
         Path::RetriedAfterFence,
         Path::RetryStarted,
         Path::FencedRunReported,
+        Path::PriorityOvertook,
+        Path::OwnerOvertook,
     ];
 
     /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
@@ -285,6 +293,8 @@ impl Path {
             Path::RetriedAfterFence => "retry waited out the fence (M32)",
             Path::RetryStarted => "a later attempt started (M32)",
             Path::FencedRunReported => "fenced run reported alive, fence held (M32)",
+            Path::PriorityOvertook => "a higher priority job went before an older one (M33)",
+            Path::OwnerOvertook => "an owner with fewer leases went before an older job (M33)",
         }
     }
 
@@ -345,6 +355,8 @@ impl Path {
             Path::RetriedAfterFence => "retried-after-fence",
             Path::RetryStarted => "retry-started",
             Path::FencedRunReported => "fenced-run-reported",
+            Path::PriorityOvertook => "priority-overtook",
+            Path::OwnerOvertook => "owner-overtook",
         }
     }
 

@@ -1111,8 +1111,15 @@ impl Sim {
                 }
             }
             MillOutput::Send { conn, msg } => {
+                let overtakes = (self.c.priority_overtakes(), self.c.owner_overtakes());
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
+                if self.c.priority_overtakes() > overtakes.0 {
+                    self.cov.hit(Path::PriorityOvertook);
+                }
+                if self.c.owner_overtakes() > overtakes.1 {
+                    self.cov.hit(Path::OwnerOvertook);
+                }
                 if let ToExecutor::Welcome { .. } = &msg {
                     self.check_one_session(conn);
                 }

@@ -203,6 +203,8 @@ pub struct Knobs {
     pub require: Vec<(std::collections::BTreeSet<String>, f64)>,
     /// Share of jobs with a retry policy (M32); a quarter by default.
     pub retry_rate: Option<f64>,
+    /// Jobs draw a priority in `-n..=n` (M33); all 0 when unset.
+    pub priorities: Option<u32>,
 }
 
 /// Mill settings a scenario file may override.

@@ -205,6 +205,8 @@ struct WorkloadDoc {
     quota: Option<QuotaDoc>,
     #[serde(default)]
     require: Vec<RequireDoc>,
+    retry_rate: Option<Spanned<f64>>,
+    priorities: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -562,6 +564,19 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
     knobs.cancel_within = wl.cancel_within.map(|d| d.0.max(1));
     if let Some(v) = &wl.invalid_rate {
         knobs.invalid_rate = Some(cx.share(v, "workload.invalid_rate")?);
+    }
+    if let Some(v) = &wl.retry_rate {
+        knobs.retry_rate = Some(cx.share(v, "workload.retry_rate")?);
+    }
+    if let Some(v) = &wl.priorities {
+        if *v.get_ref() > 1_000_000 {
+            return Err(cx.err(
+                Some(&v.span()),
+                "workload.priorities",
+                "at most 1000000 (jobs draw a priority in -n..=n)",
+            ));
+        }
+        knobs.priorities = Some(*v.get_ref());
     }
     if let Some(v) = &wl.owners {
         if *v.get_ref() == 0 {

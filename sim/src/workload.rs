@@ -174,6 +174,13 @@ impl Workload {
                 spec.labels = l.clone();
             }
             spec.retry = retry_policy(retry, knobs.retry_rate.unwrap_or(0.25));
+            if let Some(n) = knobs.priorities {
+                // From the retry stream too, and only when asked for: no other scenario's
+                // draws move.
+                let n = u64::from(n);
+                spec.priority = i32::try_from(retry.range(0, 2 * n)).unwrap_or(0)
+                    - i32::try_from(n).unwrap_or(0);
+            }
             let cancel_after = rng.chance(cancel_p).then(|| rng.range(0, cancel_within));
             arrivals.push((at, Arrival::Job { spec, cancel_after }));
             if rng.chance(invalid_p) {

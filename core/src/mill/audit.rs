@@ -123,12 +123,15 @@ impl Mill {
     pub fn check_fairness_index(&self) -> Result<(), String> {
         use std::collections::{BTreeMap, BTreeSet};
         let mut jobs: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut queued: BTreeMap<&str, BTreeSet<super::JobId>> = BTreeMap::new();
+        let mut queued: BTreeMap<&str, BTreeSet<super::QueueKey>> = BTreeMap::new();
         for (id, j) in &self.jobs {
             let owner = j.spec.identity.owner.as_str();
             *jobs.entry(owner).or_insert(0) += 1;
             if self.queue.contains(id) {
-                queued.entry(owner).or_default().insert(*id);
+                queued
+                    .entry(owner)
+                    .or_default()
+                    .insert(super::QueueKey::of(*id, &j.spec));
             }
         }
         if self.owners.len() != jobs.len() {
@@ -151,7 +154,7 @@ impl Mill {
                 ));
             }
             if let Some(first) = o.queued.first() {
-                fair.insert((o.load(), *first, owner.clone()));
+                fair.insert(first.fair(o.load(), owner));
             }
         }
         if fair != self.fair {

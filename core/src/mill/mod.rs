@@ -483,9 +483,9 @@ pub struct Mill {
     /// Per owner with a job: its jobs and, in submit order, those of them queued (M33).
     owners: BTreeMap<Arc<str>, OwnerJobs>,
     /// M33's order: one entry per owner with a queued job, (its load — jobs bidding,
-    /// waiting for quota or leased —, its oldest queued job, the owner). The first entry's
-    /// job is the next to try.
-    fair: BTreeSet<(usize, JobId, Arc<str>)>,
+    /// waiting for quota or leased —, its first queued job's priority (highest first) and
+    /// id, the owner). The first entry's job is the next to try.
+    fair: BTreeSet<FairKey>,
     leases: BTreeMap<LeaseId, Lease>,
     node_leases: BTreeMap<NodeId, BTreeSet<LeaseId>>,
     /// Ask lease id → job, for asks of live bid rounds.
@@ -959,7 +959,7 @@ impl Mill {
         let owner = j.spec.identity.owner.as_str();
         self.fair_out(owner);
         if let Some(o) = self.owners.get_mut(owner) {
-            o.queued.remove(&job);
+            o.queued.remove(&QueueKey::of(job, &j.spec));
             o.jobs = o.jobs.saturating_sub(1);
             if o.jobs == 0 {
                 self.owners.remove(owner);
@@ -1365,8 +1365,7 @@ impl Mill {
     fn fair_out(&mut self, owner: &str) {
         if let Some((name, o)) = self.owners.get_key_value(owner) {
             if let Some(first) = o.queued.first() {
-                let key = (o.load(), *first, name.clone());
-                self.fair.remove(&key);
+                self.fair.remove(&first.fair(o.load(), name));
             }
         }
     }
@@ -1375,7 +1374,7 @@ impl Mill {
     fn fair_in(&mut self, owner: &str) {
         if let Some((name, o)) = self.owners.get_key_value(owner) {
             if let Some(first) = o.queued.first() {
-                self.fair.insert((o.load(), *first, name.clone()));
+                self.fair.insert(first.fair(o.load(), name));
             }
         }
     }
@@ -1396,15 +1395,19 @@ impl Mill {
     }
 
     fn owner_queue(&mut self, job: JobId, queued: bool) {
-        let Some(owner) = self.jobs.get(&job).map(|j| j.spec.identity.owner.clone()) else {
+        let Some((owner, key)) = self
+            .jobs
+            .get(&job)
+            .map(|j| (j.spec.identity.owner.clone(), QueueKey::of(job, &j.spec)))
+        else {
             return;
         };
         self.fair_out(&owner);
         if let Some(o) = self.owners.get_mut(owner.as_str()) {
             if queued {
-                o.queued.insert(job);
+                o.queued.insert(key);
             } else {
-                o.queued.remove(&job);
+                o.queued.remove(&key);
             }
         }
         self.fair_in(&owner);
@@ -1459,9 +1462,35 @@ fn reason(s: impl Into<String>) -> String {
 struct OwnerJobs {
     /// Its jobs the mill holds (not ended).
     jobs: usize,
-    /// Those of them queued, in submit order.
-    queued: BTreeSet<JobId>,
+    /// Those of them queued, highest priority first, then in submit order.
+    queued: BTreeSet<QueueKey>,
 }
+
+/// A queued job's place in its owner's queue (M33): higher priority first, then submit
+/// order. A job's priority never changes, so the key can be rebuilt from its spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct QueueKey {
+    priority: std::cmp::Reverse<i32>,
+    pub(super) job: JobId,
+}
+
+impl QueueKey {
+    pub(super) fn of(job: JobId, spec: &JobSpec) -> QueueKey {
+        QueueKey {
+            priority: std::cmp::Reverse(spec.priority),
+            job,
+        }
+    }
+
+    /// The owner's entry in M33's order when this is its first queued job.
+    pub(super) fn fair(self, load: usize, owner: &Arc<str>) -> FairKey {
+        (load, self, owner.clone())
+    }
+}
+
+/// M33's order between owners: fewest jobs bidding, waiting for quota or leased, then the
+/// first queued job's priority and submit order.
+pub(super) type FairKey = (usize, QueueKey, Arc<str>);
 
 impl OwnerJobs {
     /// Its jobs bidding, waiting for quota or leased: what M33 ranks owners by.

@@ -10,7 +10,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound::{Excluded, Unbounded};
-use std::sync::Arc;
 
 use super::{
     reason, Lease, LeaseState, Mill, MillOutput, MillWrite, Observation, Phase, RarePath, Timer,
@@ -326,7 +325,8 @@ impl Mill {
 
     /// Starts a bid for every queued job that has candidates (M11, M12), fairly (M33): owners
     /// are taken in `fair`'s order — fewest jobs bidding, waiting for quota or leased, then
-    /// oldest queued job — and an owner whose job starts a bid moves back by one. Within an
+    /// the priority and submit order of its first queued job — and an owner whose job starts
+    /// a bid moves back by one. An owner's queue is in priority, then submit order. Within an
     /// owner, a job that cannot be placed now does not hide the owner's later jobs. Classes of
     /// job (engine, labels) that found no candidate are not ranked again in the same pass.
     /// Each owner tried costs O(log owners), however long the queue.
@@ -341,7 +341,7 @@ impl Mill {
         let mut exhausted: Vec<(String, BTreeSet<String>)> = Vec::new();
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
-        let mut cursor: Option<(usize, JobId, Arc<str>)> = None;
+        let mut cursor: Option<super::FairKey> = None;
         loop {
             let next = match &cursor {
                 None => self.fair.first().cloned(),
@@ -355,8 +355,8 @@ impl Mill {
             let (_, first, owner) = key.clone();
             cursor = Some(key);
             let mut at = Some(first);
-            while let Some(job) = at {
-                if self.try_place(job, &mut exhausted, limit, &mut candidates) {
+            while let Some(key) = at {
+                if self.try_place(key.job, &mut exhausted, limit, &mut candidates) {
                     break;
                 }
                 if self.rank.is_empty() {
@@ -365,7 +365,7 @@ impl Mill {
                 at = self
                     .owners
                     .get(&*owner)
-                    .and_then(|o| o.queued.range((Excluded(job), Unbounded)).next().copied());
+                    .and_then(|o| o.queued.range((Excluded(key), Unbounded)).next().copied());
             }
             if self.rank.is_empty() {
                 break;

@@ -563,3 +563,50 @@ fn m33_equal_loads_alternate_owners_oldest_first() {
     assert_eq!(asked[..], want[..asked.len()], "asked {asked:?}");
     h.mill.check_fairness_index().unwrap();
 }
+
+fn prioritised(owner: &str, priority: i32) -> JobSpec {
+    let mut s = owned(owner);
+    s.priority = priority;
+    s
+}
+
+/// M33: within one owner, a higher priority job goes before older ones; equal priorities
+/// keep submit order.
+#[test]
+fn m33_an_owners_higher_priority_job_goes_first() {
+    let mut h = H::new();
+    let a = h.hello_as("a", 1, &[]);
+    let low = h.submit(prioritised("alice", -1));
+    let old = h.submit(prioritised("alice", 0));
+    let urgent = h.submit(prioritised("alice", 5));
+    let newer = h.submit(prioritised("alice", 0));
+    h.snapshot(a, 0.0, &[]);
+    let asked = asked_jobs(&h, a);
+    let want = [urgent, old, newer, low];
+    assert!(asked.len() >= 2, "asked {asked:?}");
+    assert_eq!(asked[..], want[..asked.len()], "asked {asked:?}");
+    h.mill.check_fairness_index().unwrap();
+}
+
+/// M33: between owners with equal loads, the one whose next job has the higher priority
+/// goes first; lease counts still come before priority, so a high priority never lets an
+/// owner with leases overtake one without.
+#[test]
+fn m33_priority_breaks_ties_between_owners_but_not_lease_counts() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let (_c1, lease) = h.run_on(a, owned("carol"));
+    h.snapshot_with(a, engines(false, 1.0), &[lease]);
+    let carol_urgent = h.submit(prioritised("carol", 100));
+    let dave = h.submit(prioritised("dave", 0));
+    let erin = h.submit(prioritised("erin", 3));
+    assert!(asked_jobs(&h, a).is_empty(), "the node is full");
+    h.snapshot_with(a, engines(true, 0.25), &[lease]);
+    let asked = asked_jobs(&h, a);
+    // dave and erin hold no lease; erin's job has the higher priority. carol has one lease
+    // already, so her priority 100 job waits behind both.
+    let want = [erin, dave, carol_urgent];
+    assert!(asked.len() >= 2, "asked {asked:?}");
+    assert_eq!(asked[..], want[..asked.len()], "asked {asked:?}");
+    h.mill.check_fairness_index().unwrap();
+}
