@@ -100,6 +100,12 @@ pub(super) fn compatibility(config: &ExecutorConfig, spec: &JobSpec) -> Result<R
     if let Err(e) = spec.validate() {
         return Err(format!("invalid job spec: {e}"));
     }
+    // M34: a job pinned to another node never runs here, whatever the mill asked.
+    if let Some(node) = &spec.node {
+        if node != &config.node_id {
+            return Err(format!("pinned to node {node}, this is {}", config.node_id));
+        }
+    }
     let Some(engine) = config.engines.get(&spec.engine) else {
         let offered: Vec<&str> = config.engines.keys().map(String::as_str).collect();
         return Err(format!(

@@ -449,6 +449,69 @@ fn e2_reserve_rejects_transient_when_full() {
     assert!(reason.contains("cpu_millis"), "{reason}");
 }
 
+/// M34: a job pinned to another node is Incompatible here (the lasting answer), whatever
+/// the mill asked; pinned to this node it is accepted like any other.
+#[test]
+fn m34_a_job_pinned_to_another_node_is_refused_and_one_pinned_here_is_accepted() {
+    let mut h = Harness::ready(config());
+    let mut elsewhere = spec("shell");
+    elsewhere.node = Some(NodeId::new("exec-2").unwrap());
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve(L1, elsewhere));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Incompatible));
+    assert!(reason.contains("exec-2"), "{reason}");
+    assert_eq!(h.exec.reserved_leases().count(), 0, "nothing held");
+
+    let mut here = spec("shell");
+    here.node = Some(NodeId::new("exec-1").unwrap());
+    let (accepted, ..) = reserve_result(&h.reserve(L2, here));
+    assert!(accepted);
+}
+
+/// M34, E2: three jobs that each ask for all 64 CPUs of a 64-seat engine run one at a time:
+/// while one holds the CPUs the next is turned down as Transient (it may fit later), and
+/// once it ends the next is accepted. The resources stay charged for the whole run, not
+/// just the reservation.
+#[test]
+fn m34_three_whole_cpu_jobs_on_a_64_cpu_engine_run_one_at_a_time() {
+    let mut c = config();
+    c.engines.insert(
+        "shell".into(),
+        EngineConfig {
+            capacity: 64,
+            resources: Resources::from([("cpu".to_string(), 64)]),
+        },
+    );
+    c.outbox_capacity = 256;
+    let mut h = Harness::ready(c);
+    let whole = || {
+        let mut s = spec("shell");
+        s.resources = Resources::from([("cpu".to_string(), 64)]);
+        s
+    };
+    let leases = [L1, L2, L3];
+    for (i, &lease) in leases.iter().enumerate() {
+        let (accepted, ..) = reserve_result(&h.reserve(lease, whole()));
+        assert!(accepted, "job {i} gets the CPUs once the one before ended");
+        h.commit(lease);
+        h.feed(ExecutorInput::JobStarted { lease });
+        for (j, &other) in leases.iter().enumerate().skip(i + 1) {
+            let (accepted, reject, reason, _) = reserve_result(&h.reserve(other, whole()));
+            assert!(!accepted, "job {j} must wait while job {i} runs");
+            assert_eq!(reject, Some(RejectKind::Transient));
+            assert!(reason.contains("cpu"), "{reason}");
+        }
+        // A job that asks for no CPU still takes one of the 63 free seats.
+        let mut light = spec("shell");
+        light.resources.clear();
+        let probe = LeaseId(50 + lease.get());
+        let (accepted, ..) = reserve_result(&h.reserve(probe, light));
+        assert!(accepted, "a job without a CPU ask fits beside it");
+        h.mill(ToExecutor::ReleaseLease { lease: probe });
+        h.exited(lease, TerminalStatus::Success);
+    }
+}
+
 #[test]
 fn e2_reserve_rejects_incompatible_engine_or_labels() {
     let mut h = Harness::ready(config());

@@ -201,6 +201,14 @@ impl RankIndex {
         }
     }
 
+    /// Whether `node` can take work now on `engine` and holds every label in `labels`: the
+    /// candidate list of a job pinned to `node` (M34), in O(log n).
+    pub fn offers(&self, node: &NodeId, engine: &str, labels: &BTreeSet<String>) -> bool {
+        self.nodes.get(node).is_some_and(|e| {
+            e.keys.iter().any(|(name, _)| name == engine) && labels.is_subset(&e.labels)
+        })
+    }
+
     /// Nodes in the index.
     pub fn len(&self) -> usize {
         self.nodes.len()
@@ -211,6 +219,9 @@ impl RankIndex {
         self.nodes.is_empty()
     }
 }
+
+/// A class of jobs that find the same candidates: engine, labels and pinned node (M34).
+type Class = (String, BTreeSet<String>, Option<NodeId>);
 
 /// One ask of a bid.
 #[derive(Debug)]
@@ -328,7 +339,7 @@ impl Mill {
     /// the priority and submit order of its first queued job — and an owner whose job starts
     /// a bid moves back by one. An owner's queue is in priority, then submit order. Within an
     /// owner, a job that cannot be placed now does not hide the owner's later jobs. Classes of
-    /// job (engine, labels) that found no candidate are not ranked again in the same pass.
+    /// job (engine, labels, pinned node) that found no candidate are not ranked again in the same pass.
     /// Each owner tried costs O(log owners), however long the queue.
     pub(super) fn place_pending(&mut self) {
         if self.queue.is_empty() {
@@ -338,7 +349,7 @@ impl Mill {
         if self.rank.is_empty() {
             return;
         }
-        let mut exhausted: Vec<(String, BTreeSet<String>)> = Vec::new();
+        let mut exhausted: Vec<Class> = Vec::new();
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
         let mut cursor: Option<super::FairKey> = None;
@@ -378,7 +389,7 @@ impl Mill {
     fn try_place(
         &mut self,
         job: JobId,
-        exhausted: &mut Vec<(String, BTreeSet<String>)>,
+        exhausted: &mut Vec<Class>,
         limit: usize,
         candidates: &mut Vec<NodeId>,
     ) -> bool {
@@ -393,16 +404,24 @@ impl Mill {
             self.drop_rebid_hold(job);
             return false;
         }
-        if exhausted
-            .iter()
-            .any(|(e, l)| e == &j.spec.engine && l == &j.spec.labels)
-        {
+        if exhausted.iter().any(|(e, l, n)| {
+            e == &j.spec.engine && l == &j.spec.labels && n.as_ref() == j.spec.node.as_ref()
+        }) {
             self.drop_rebid_hold(job);
             return false;
         }
         candidates.clear();
-        self.rank
-            .top(&j.spec.engine, &j.spec.labels, limit, candidates);
+        match &j.spec.node {
+            None => self
+                .rank
+                .top(&j.spec.engine, &j.spec.labels, limit, candidates),
+            // M34: a pinned job's only candidate is its node.
+            Some(node) => {
+                if self.rank.offers(node, &j.spec.engine, &j.spec.labels) {
+                    candidates.push(node.clone());
+                }
+            }
+        }
         let sessions = &self.sessions;
         let said_never = |n: &NodeId| {
             j.incompatible
@@ -413,7 +432,11 @@ impl Mill {
             candidates.retain(|n| !said_never(n));
         }
         if candidates.is_empty() {
-            exhausted.push((j.spec.engine.clone(), j.spec.labels.clone()));
+            exhausted.push((
+                j.spec.engine.clone(),
+                j.spec.labels.clone(),
+                j.spec.node.clone(),
+            ));
             self.drop_rebid_hold(job);
             return false;
         }

@@ -610,3 +610,88 @@ fn m33_priority_breaks_ties_between_owners_but_not_lease_counts() {
     assert_eq!(asked[..], want[..asked.len()], "asked {asked:?}");
     h.mill.check_fairness_index().unwrap();
 }
+
+fn pinned(to: &str) -> JobSpec {
+    let mut s = spec();
+    s.node = Some(node(to));
+    s
+}
+
+/// M34: a pinned job's only candidate is its node, however badly it ranks; the better
+/// ranked nodes are not asked.
+#[test]
+fn m34_a_pinned_job_is_asked_only_of_its_node() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let b = h.ready("b", 0.1);
+    let c = h.ready("c", 0.9);
+    let job = h.submit(pinned("c"));
+    assert_eq!(asked_jobs(&h, c), [job]);
+    assert!(asked_jobs(&h, a).is_empty());
+    assert!(asked_jobs(&h, b).is_empty());
+}
+
+/// M34: a job pinned to a node that is not connected waits for it (it is not failed as
+/// having no compatible executor, and unpinned jobs behind it are placed), and is asked of
+/// that node once it is ready.
+#[test]
+fn m34_a_job_pinned_to_an_absent_node_waits_for_it_without_holding_up_others() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let waiting = h.submit(pinned("late"));
+    assert!(asked_jobs(&h, a).is_empty(), "a is not the pinned node");
+    let free = h.submit(spec());
+    assert_eq!(
+        asked_jobs(&h, a),
+        [free],
+        "an unpinned job goes past the waiting one"
+    );
+    assert_eq!(h.ended(waiting), None, "the pinned job still waits");
+    let late = h.ready("late", 0.5);
+    assert_eq!(asked_jobs(&h, late), [waiting]);
+}
+
+/// M34: a pinned job whose node refuses it as incompatible (it lacks the engine or labels
+/// after all) fails with no compatible executor instead of waiting for ever.
+#[test]
+fn m34_a_pinned_job_its_node_refuses_fails_as_having_no_compatible_executor() {
+    let mut h = H::new();
+    let a = h.ready("a", 0.0);
+    let job = h.submit(pinned("a"));
+    let lease = h.asks(a)[0];
+    h.reject(a, lease, RejectKind::Incompatible, "missing labels: gpu");
+    let t = h.ended(job).expect("ended");
+    assert_eq!(t.status, TerminalStatus::Failed);
+    assert_eq!(
+        t.cause,
+        Some(crate::job::TerminalCause::NoCompatibleExecutor)
+    );
+}
+
+/// M34, M11: the ranking uses every resource load an executor reports, not just its seats:
+/// of two nodes with the same free seats, the one whose CPUs are nearly all taken is asked
+/// last.
+#[test]
+fn m34_ranking_uses_resource_loads_not_only_seats() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let with_cpu = |cpu: f64| {
+        let mut e = engines(true, 0.25);
+        if let Some(s) = e.get_mut("shell") {
+            s.load.insert("cpu".to_string(), cpu);
+        }
+        e
+    };
+    let busy = h.hello_as("a-busy", 1, &[]);
+    h.snapshot_with(busy, with_cpu(0.95), &[]);
+    let idle = h.hello_as("b-idle", 1, &[]);
+    h.snapshot_with(idle, with_cpu(0.05), &[]);
+    let job = h.submit(spec());
+    assert_eq!(asked_jobs(&h, idle), [job]);
+    assert!(
+        asked_jobs(&h, busy).is_empty(),
+        "top_k 1: only the best is asked"
+    );
+}
