@@ -1951,28 +1951,43 @@ impl Checker {
         Ok(())
     }
 
-    /// I6: reservations + running jobs per engine within capacity.
+    /// I6: reservations + running jobs per engine within capacity, and (M34) what they ask
+    /// for within each resource the engine declares.
     fn seats_within_capacity(&self, w: &World, exec: usize) -> Result<(), Violation> {
         let p = &w.execs[exec];
         let Some(x) = &p.exec else {
             return Ok(());
         };
-        let mut used: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut used: BTreeMap<&str, (u32, BTreeMap<&str, u64>)> = BTreeMap::new();
         for lease in x.reserved_leases().chain(x.running_leases()) {
-            let engine = w
-                .leases
-                .get(&lease)
-                .map(|i| i.engine.as_str())
-                .unwrap_or("?");
-            *used.entry(engine).or_insert(0) += 1;
+            let info = w.leases.get(&lease);
+            let engine = info.map(|i| i.engine.as_str()).unwrap_or("?");
+            let (seats, asked) = used.entry(engine).or_default();
+            *seats += 1;
+            for (name, amount) in info.into_iter().flat_map(|i| &i.resources) {
+                let total = asked.entry(name.as_str()).or_insert(0);
+                *total = total.saturating_add(*amount);
+            }
         }
-        for (engine, n) in used {
-            let cap = p.cfg.engines.get(engine).map_or(0, |e| e.capacity);
+        for (engine, (n, asked)) in used {
+            let cfg = p.cfg.engines.get(engine);
+            let cap = cfg.map_or(0, |e| e.capacity);
             if n > cap {
                 return fail(
                     "I6",
                     format!("x{exec} holds {n} seats of {engine}, capacity {cap}"),
                 );
+            }
+            for (name, &total) in cfg.into_iter().flat_map(|e| &e.resources) {
+                let held = asked.get(name.as_str()).copied().unwrap_or(0);
+                if held > total {
+                    return fail(
+                        "I6",
+                        format!(
+                            "x{exec}'s {engine} seats hold {held} {name}, {total} declared (E2, M34)"
+                        ),
+                    );
+                }
             }
         }
         Ok(())
@@ -2612,7 +2627,8 @@ impl Checker {
     }
 }
 
-/// I7: `spec` may run on executor `exec`: its engine, and all its labels.
+/// I7: `spec` may run on executor `exec`: its engine, all its labels, and (M34) the node it
+/// is pinned to, if any.
 fn compatible(
     rule: &'static str,
     exec: usize,
@@ -2628,6 +2644,15 @@ fn compatible(
     }
     if let Some(l) = spec.labels.iter().find(|l| !p.cfg.labels.contains(*l)) {
         return fail(rule, format!("{job} needs label {l}, which x{exec} lacks"));
+    }
+    if let Some(node) = spec.node.as_ref().filter(|n| **n != p.cfg.node_id) {
+        return fail(
+            rule,
+            format!(
+                "{job} is pinned to {node} but runs on x{exec} ({})",
+                p.cfg.node_id
+            ),
+        );
     }
     Ok(())
 }

@@ -145,11 +145,16 @@ pub enum Path {
     /// A job was asked for before an older job of the same class of another owner: M33's
     /// owner order decided, not submit order.
     OwnerOvertook,
+    /// A job pinned to a node started there (M34).
+    PinnedRan,
+    /// An executor with a free seat turned a job down as Transient because a declared
+    /// resource it asks for was not free (E2, M34).
+    ResourceRefused,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 56] = [
+    pub const ALL: [Path; 58] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -206,6 +211,8 @@ impl Path {
         Path::FencedRunReported,
         Path::PriorityOvertook,
         Path::OwnerOvertook,
+        Path::PinnedRan,
+        Path::ResourceRefused,
     ];
 
     /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
@@ -295,6 +302,8 @@ impl Path {
             Path::FencedRunReported => "fenced run reported alive, fence held (M32)",
             Path::PriorityOvertook => "a higher priority job went before an older one (M33)",
             Path::OwnerOvertook => "an owner with fewer leases went before an older job (M33)",
+            Path::PinnedRan => "a pinned job started on its node (M34)",
+            Path::ResourceRefused => "a free seat refused: a resource was not free (E2, M34)",
         }
     }
 
@@ -357,6 +366,8 @@ impl Path {
             Path::FencedRunReported => "fenced-run-reported",
             Path::PriorityOvertook => "priority-overtook",
             Path::OwnerOvertook => "owner-overtook",
+            Path::PinnedRan => "pinned-ran",
+            Path::ResourceRefused => "resource-refused",
         }
     }
 

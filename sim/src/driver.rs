@@ -16,7 +16,7 @@ use millrace_core::job::{IdempotencyKey, JobSpec, LogRef, TerminalCause, Termina
 use millrace_core::mill::{
     Mill, MillInput, MillOutput, MillWrite, Observation, RequestError, Submitted,
 };
-use millrace_core::wire::{ToExecutor, ToMill};
+use millrace_core::wire::{RejectKind, ToExecutor, ToMill};
 use millrace_core::JobState;
 use millrace_core::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
 
@@ -1159,6 +1159,7 @@ impl Sim {
                                 job: *job,
                                 exec,
                                 engine: spec.engine.clone(),
+                                resources: spec.resources.clone(),
                             },
                         );
                         self.w.last_ask[exec] = Some(*lease);
@@ -1470,6 +1471,17 @@ impl Sim {
                     let r = self.c.exec_send(&self.w, i, &msg);
                     self.check(r);
                 }
+                if let ToMill::ReserveResult {
+                    accepted: false,
+                    reject: Some(RejectKind::Transient),
+                    reason,
+                    ..
+                } = &msg
+                {
+                    if reason.starts_with("resource ") {
+                        self.cov.hit(Path::ResourceRefused);
+                    }
+                }
                 let open = self.w.net.conns.get(&conn).is_some_and(|c| c.exec_open);
                 if !open {
                     return;
@@ -1566,6 +1578,9 @@ impl Sim {
                 let retry_starts = self.c.retry_starts;
                 let r = self.c.start(&self.w, i, lease, job, &spec);
                 self.check(r);
+                if spec.node.is_some() {
+                    self.cov.hit(Path::PinnedRan);
+                }
                 if self.c.retry_starts > retry_starts {
                     self.cov.hit(Path::RetryStarted);
                 }

@@ -159,13 +159,14 @@ pub struct Liveness {
     quiet_by: Option<Micros>,
 }
 
-/// `spec` may run on `p` at all: its engine, all its labels, and resources within the
-/// engine's totals.
+/// `spec` may run on `p` at all: its engine, all its labels, resources within the
+/// engine's totals, and the node it is pinned to (M34).
 pub fn can_run(p: &ExecProc, spec: &JobSpec) -> bool {
     let Some(e) = p.cfg.engines.get(&spec.engine) else {
         return false;
     };
-    spec.labels.iter().all(|l| p.cfg.labels.contains(l))
+    spec.node.as_ref().is_none_or(|n| *n == p.cfg.node_id)
+        && spec.labels.iter().all(|l| p.cfg.labels.contains(l))
         && e.resources
             .iter()
             .all(|(name, total)| spec.resources.get(name).copied().unwrap_or(0) <= *total)

@@ -205,6 +205,11 @@ pub struct Knobs {
     pub retry_rate: Option<f64>,
     /// Jobs draw a priority in `-n..=n` (M33); all 0 when unset.
     pub priorities: Option<u32>,
+    /// Share of jobs pinned to the executor their spec was drawn for (M34).
+    pub pinned: Option<f64>,
+    /// Share of shell jobs that ask for all of their executor's `cpu_millis` (M34, E2: they
+    /// run one at a time there).
+    pub whole_engine: Option<f64>,
 }
 
 /// Mill settings a scenario file may override.

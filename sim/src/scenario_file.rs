@@ -207,6 +207,8 @@ struct WorkloadDoc {
     require: Vec<RequireDoc>,
     retry_rate: Option<Spanned<f64>>,
     priorities: Option<Spanned<u32>>,
+    pinned: Option<Spanned<f64>>,
+    whole_engine: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -567,6 +569,12 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
     }
     if let Some(v) = &wl.retry_rate {
         knobs.retry_rate = Some(cx.share(v, "workload.retry_rate")?);
+    }
+    if let Some(v) = &wl.pinned {
+        knobs.pinned = Some(cx.share(v, "workload.pinned")?);
+    }
+    if let Some(v) = &wl.whole_engine {
+        knobs.whole_engine = Some(cx.share(v, "workload.whole_engine")?);
     }
     if let Some(v) = &wl.priorities {
         if *v.get_ref() > 1_000_000 {

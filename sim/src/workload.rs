@@ -181,6 +181,16 @@ impl Workload {
                 spec.priority = i32::try_from(retry.range(0, 2 * n)).unwrap_or(0)
                     - i32::try_from(n).unwrap_or(0);
             }
+            // M34, like priorities: from the retry stream, only when asked for.
+            if knobs.pinned.is_some_and(|p| retry.chance(p)) {
+                spec.node = millrace_core::NodeId::new(h.name.clone()).ok();
+            }
+            if spec.engine == "shell" && knobs.whole_engine.is_some_and(|p| retry.chance(p)) {
+                let cpu = h.engines.get("shell").and_then(|e| e.resources.get("cpu_millis"));
+                if let Some(&cpu) = cpu {
+                    spec.resources.insert("cpu_millis".to_string(), cpu);
+                }
+            }
             let cancel_after = rng.chance(cancel_p).then(|| rng.range(0, cancel_within));
             arrivals.push((at, Arrival::Job { spec, cancel_after }));
             if rng.chance(invalid_p) {

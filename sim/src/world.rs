@@ -133,6 +133,9 @@ pub struct LeaseInfo {
     pub exec: usize,
     /// The job's engine.
     pub engine: String,
+    /// What the job asks for (M34: an executor's reservations and runs fit its engine's
+    /// declared resources, I6).
+    pub resources: millrace_core::Resources,
 }
 
 /// Everything simulated.
