@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use millrace_core::executor::{SEAT_LOAD, SEAT_RESOURCE};
+use millrace_core::types::{validate_resources, Resources};
+
 use crate::clock::parse_duration;
 
 /// millrace: a CI job scheduler that keeps its promises while the fleet misbehaves.
@@ -84,6 +87,46 @@ fn env_pair(s: &str) -> Result<(String, String), String> {
         Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
         _ => Err("expected NAME=VALUE".to_string()),
     }
+}
+
+/// `NAME=AMOUNT` for `--resource`.
+fn resource_pair(s: &str) -> Result<(String, u64), String> {
+    let (name, amount) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=AMOUNT, e.g. cpu=4"))?;
+    let name = name.trim();
+    let amount: u64 = amount
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: the amount of {name:?} must be a whole number, e.g. cpu=4"))?;
+    let one: Resources = [(name.to_string(), amount)].into_iter().collect();
+    validate_resources(&one).map_err(|e| format!("{s:?}: {e}"))?;
+    Ok((name.to_string(), amount))
+}
+
+/// `NAME=AMOUNT,…` (or `none`) for `--resources`: names valid and distinct, amounts
+/// positive, `jobs` and `seats` reserved (they are the seats themselves).
+pub fn resource_list(s: &str) -> Result<Resources, String> {
+    let mut out = Resources::new();
+    if s.trim() == "none" {
+        return Ok(out);
+    }
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, amount) = resource_pair(part)?;
+        if name == SEAT_RESOURCE || name == SEAT_LOAD {
+            return Err(format!(
+                "{name:?} is reserved (it is the seats; set them with --engine shell:N)"
+            ));
+        }
+        if out.insert(name.clone(), amount).is_some() {
+            return Err(format!("{name:?} is given twice"));
+        }
+    }
+    if out.is_empty() {
+        return Err("expected NAME=AMOUNT,… (e.g. cpu=64,memory_mb=131072) or none".into());
+    }
+    validate_resources(&out).map_err(|e| e.to_string())?;
+    Ok(out)
 }
 
 fn dur(s: &str) -> Result<Duration, String> {
@@ -357,6 +400,13 @@ pub struct ExecTuning {
     /// is whole either way. 0 turns live output off.
     #[arg(long, env = "MILLRACE_LIVE_LOG_BUDGET", default_value = "1MiB", value_parser = size, help_heading = "Advanced")]
     pub live_log_budget: usize,
+    /// What this executor has in all, shared by its seats, as `NAME=AMOUNT,…` (M34, E2): a
+    /// job is accepted only while the resources it asks for fit what its running jobs leave
+    /// free, and one asking for more than the total is refused as incompatible. Default: the
+    /// machine's `cpu` (CPUs) and `memory_mb`. Giving it replaces the defaults; `none`
+    /// limits nothing. A resource not named here is not limited on this executor.
+    #[arg(long, env = "MILLRACE_RESOURCES", value_name = "NAME=AMOUNT,…", value_parser = resource_list)]
+    pub resources: Option<Resources>,
 }
 
 /// `millrace mill`.
@@ -583,6 +633,15 @@ pub struct SubmitArgs {
     /// Among this owner's waiting jobs, higher goes first (M33); owners still take turns.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: i32,
+    /// Run only on this executor (M34): the job waits for that node (until its queue
+    /// timeout) and fails if the node cannot run it.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// A resource the job needs for its whole run, `NAME=AMOUNT` (repeatable), e.g.
+    /// `--resource cpu=4 --resource memory_mb=2048`: an executor runs it only while that much
+    /// is free (M34), and quotas count it (Q1).
+    #[arg(long = "resource", value_name = "NAME=AMOUNT", value_parser = resource_pair)]
+    pub resources: Vec<(String, u64)>,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -706,5 +765,36 @@ mod tests {
             format!("{:?}", parsed.tuning),
             format!("{:?}", MillTuning::default())
         );
+    }
+
+    /// M34: `--resources` parses a list, `none`, and names what is wrong otherwise.
+    #[test]
+    fn m34_resources_flag_parses_a_list_and_names_what_is_wrong() {
+        let r = resource_list("cpu=64, memory_mb=131072").unwrap();
+        assert_eq!(r.get("cpu"), Some(&64));
+        assert_eq!(r.get("memory_mb"), Some(&131072));
+        assert!(resource_list("none").unwrap().is_empty());
+        for (bad, says) in [
+            ("cpu", "expected NAME=AMOUNT"),
+            ("cpu=x", "whole number"),
+            ("cpu=-1", "whole number"),
+            ("cpu=0", "cpu"),
+            ("cpu=1,cpu=2", "twice"),
+            ("jobs=3", "reserved"),
+            ("seats=3", "reserved"),
+            ("c pu=1", "c pu"),
+            ("", "expected NAME=AMOUNT"),
+        ] {
+            let e = resource_list(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let e = Exec::try_parse_from(["millrace", "--resources", "cpu=0"]).unwrap_err();
+        assert!(e.to_string().contains("--resources"), "{e}");
+    }
+
+    #[derive(Debug, Parser)]
+    struct Exec {
+        #[command(flatten)]
+        tuning: ExecTuning,
     }
 }

@@ -344,6 +344,18 @@ pub fn submit(args: &SubmitArgs) -> Result<u8, ClientError> {
         if args.priority != 0 {
             obj.insert("priority".into(), json!(args.priority));
         }
+        if let Some(node) = &args.node {
+            obj.insert("node".into(), json!(node));
+        }
+        let mut resources = serde_json::Map::new();
+        for (name, amount) in &args.resources {
+            if resources.insert(name.clone(), json!(amount)).is_some() {
+                return Err(ClientError(format!("--resource {name}: given twice")));
+            }
+        }
+        if !resources.is_empty() {
+            obj.insert("resources".into(), Value::Object(resources));
+        }
     }
     let headers: Vec<(&str, &str)> = args
         .key

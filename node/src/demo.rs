@@ -69,6 +69,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                     job_hard_cap: None,
                     run_as: None,
                     live_log_budget: millrace_core::executor::DEFAULT_LIVE_LOG_BUDGET,
+                    resources: None,
                 },
                 tls: None,
             },

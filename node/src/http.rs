@@ -386,6 +386,9 @@ pub struct SubmitBody {
     /// Among the owner's waiting jobs, higher goes first (M33); default 0.
     #[serde(default)]
     pub priority: i32,
+    /// The one executor (node id) it may run on (M34); default any.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 fn default_engine() -> String {
@@ -515,6 +518,13 @@ async fn submit(
             ));
         }
     }
+    let node =
+        match b.node {
+            None => None,
+            Some(n) => Some(NodeId::new(n).map_err(|e| {
+                ApiError::field(StatusCode::BAD_REQUEST, format!("node: {e}"), "node")
+            })?),
+        };
     let retry = RetryPolicy {
         retries: b.retries,
         on: b.retry_on.unwrap_or_else(|| RetryPolicy::default().on),
@@ -522,7 +532,7 @@ async fn submit(
     let spec = JobSpec {
         retry,
         priority: b.priority,
-        node: None,
+        node,
         engine: b.engine,
         labels: b.labels,
         resources: b.resources,
@@ -541,7 +551,7 @@ async fn submit(
             spec_field(&e),
         ));
     }
-    let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
+    let (engine, labels, pin) = (spec.engine.clone(), spec.labels.clone(), spec.node.clone());
     match api.mill.submit_keyed(spec, key).await {
         // M31: the key's existing job, same spec; nothing new was stored.
         Ok(s) if !s.created => Ok((
@@ -552,7 +562,7 @@ async fn submit(
         Ok(s) => {
             let job = s.job;
             let warning = match api.mill.nodes().await {
-                Some(nodes) => unplaceable(&engine, &labels, &nodes),
+                Some(nodes) => unplaceable(&engine, &labels, pin.as_ref(), &nodes),
                 None => None,
             };
             let body = match warning {
@@ -646,6 +656,12 @@ pub struct JobView {
     /// Its priority among its owner's jobs (M33).
     #[serde(default)]
     pub priority: i32,
+    /// The one node it may run on, when pinned (M34).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
+    /// Resources it asks for (M34, Q1).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
     /// Every attempt, oldest first (the latest 100): node, epoch, lease, start, end, how it
     /// ended and what became of the job (M32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -703,6 +719,8 @@ fn view(row: &JobRow) -> JobView {
             .map(|r| r.name().to_string())
             .collect(),
         priority: row.spec.priority,
+        pinned: row.spec.node.as_ref().map(ToString::to_string),
+        resources: row.spec.resources.clone(),
         attempts: Vec::new(),
         waiting: None,
     }
@@ -714,9 +732,35 @@ fn view(row: &JobRow) -> JobView {
 pub fn unplaceable(
     engine: &str,
     labels: &BTreeSet<String>,
+    pin: Option<&NodeId>,
     nodes: &[crate::mill_driver::NodeView],
 ) -> Option<String> {
     let live: Vec<_> = nodes.iter().filter(|n| n.state != "quarantined").collect();
+    if let Some(pin) = pin {
+        // M34: the pinned node is the only candidate.
+        let Some(n) = live.iter().find(|n| n.node == pin.as_str()) else {
+            return Some(format!(
+                "waiting: pinned to node {pin}, which is not connected"
+            ));
+        };
+        if !n.engines.iter().any(|e| e == engine) {
+            return Some(format!(
+                "waiting: pinned to node {pin}, which does not offer engine {engine}"
+            ));
+        }
+        let missing: Vec<&str> = labels
+            .iter()
+            .filter(|l| !n.labels.contains(l))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Some(format!(
+                "waiting: pinned to node {pin}, which does not hold the labels {}",
+                missing.join(", ")
+            ));
+        }
+        return None;
+    }
     if live.is_empty() {
         return Some("waiting: no executor is connected".into());
     }
@@ -752,7 +796,12 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
     let mut v = view(&row);
     if matches!(row.state, JobState::Queued) {
         if let Some(nodes) = api.mill.nodes().await {
-            v.waiting = unplaceable(&row.spec.engine, &row.spec.labels, &nodes);
+            v.waiting = unplaceable(
+                &row.spec.engine,
+                &row.spec.labels,
+                row.spec.node.as_ref(),
+                &nodes,
+            );
         }
     }
     v.attempts = attempts;

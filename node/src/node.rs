@@ -629,6 +629,37 @@ pub fn parse_engine(s: &str) -> Result<(String, u32), NodeError> {
     Ok((name.to_string(), seats))
 }
 
+/// What this machine has, for `--resources`' default (M34): `cpu` is the CPUs this process
+/// may use, `memory_mb` the machine's memory (`MemTotal` in /proc/meminfo). A value that
+/// cannot be read is left out, so it is not limited, rather than guessed.
+pub fn machine_resources() -> millrace_core::Resources {
+    let mut out = millrace_core::Resources::new();
+    if let Ok(n) = std::thread::available_parallelism() {
+        out.insert("cpu".into(), n.get() as u64);
+    }
+    if let Some(mb) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .as_deref()
+        .and_then(mem_total_mb)
+    {
+        out.insert("memory_mb".into(), mb);
+    }
+    out
+}
+
+/// `MemTotal` in MiB from the text of /proc/meminfo.
+fn mem_total_mb(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line
+        .trim_start_matches("MemTotal:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024).filter(|&mb| mb > 0)
+}
+
 /// A running executor.
 pub struct ExecNode {
     shutdown: watch::Sender<bool>,
@@ -674,7 +705,21 @@ pub fn start_executor(
         .filter(|l| !l.is_empty())
         .cloned()
         .collect();
-    config.engines = [(name, EngineConfig::seats(seats))].into_iter().collect();
+    let resources = opts
+        .tuning
+        .resources
+        .clone()
+        .unwrap_or_else(machine_resources);
+    tracing::info!(node = %node_id, engine = %name, seats, resources = ?resources, "engine resources (M34, --resources)");
+    config.engines = [(
+        name,
+        EngineConfig {
+            capacity: seats,
+            resources,
+        },
+    )]
+    .into_iter()
+    .collect();
     config.snapshot_interval = opts.timing.snapshot_interval;
     config.silence_timeout = opts.timing.silence_timeout;
     config.reconnect_grace = opts.timing.reconnect_grace;
@@ -800,5 +845,21 @@ pub async fn signalled() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// M34: the default `memory_mb` comes from MemTotal; an unreadable line limits nothing.
+    #[test]
+    fn m34_machine_memory_is_read_from_meminfo() {
+        let text = "MemTotal:        8043772 kB\nMemFree:  1 kB\n";
+        assert_eq!(mem_total_mb(text), Some(7855));
+        assert_eq!(mem_total_mb("MemFree: 1 kB\n"), None);
+        assert_eq!(mem_total_mb("MemTotal: lots\n"), None);
+        let here = machine_resources();
+        assert!(here.get("cpu").is_some_and(|&c| c >= 1), "{here:?}");
     }
 }
