@@ -220,8 +220,30 @@ impl RankIndex {
     }
 }
 
-/// A class of jobs that find the same candidates: engine, labels and pinned node (M34).
-type Class = (String, BTreeSet<String>, Option<NodeId>);
+/// A class of jobs that find the same candidates: engine, labels and pinned node (M34), and
+/// — when its candidates were all passed over as full ([`resource_full`]) — the resources
+/// asked for; empty otherwise, and then it covers every job of its engine, labels and node.
+type Class = (String, BTreeSet<String>, Option<NodeId>, Resources);
+
+/// M34: whether `node`'s latest snapshot shows a resource `asks` names (with a positive
+/// amount) fully used on `engine`. Such a node cannot take the job until that changes, so
+/// asking it would only earn a Transient refusal; a stale snapshot errs both ways, and the
+/// executor's own check (E2) is what enforces.
+fn resource_full(
+    sessions: &BTreeMap<NodeId, super::session::Session>,
+    node: &NodeId,
+    engine: &str,
+    asks: &Resources,
+) -> bool {
+    let Some((_, engines)) = sessions.get(node).and_then(|s| s.snapshot.as_ref()) else {
+        return false;
+    };
+    let Some(status) = engines.get(engine) else {
+        return false;
+    };
+    asks.iter()
+        .any(|(r, &a)| a > 0 && status.load.get(r).is_some_and(|&l| l >= 1.0))
+}
 
 /// One ask of a bid.
 #[derive(Debug)]
@@ -404,8 +426,11 @@ impl Mill {
             self.drop_rebid_hold(job);
             return false;
         }
-        if exhausted.iter().any(|(e, l, n)| {
-            e == &j.spec.engine && l == &j.spec.labels && n.as_ref() == j.spec.node.as_ref()
+        if exhausted.iter().any(|(e, l, n, r)| {
+            e == &j.spec.engine
+                && l == &j.spec.labels
+                && n.as_ref() == j.spec.node.as_ref()
+                && (r.is_empty() || r == &j.spec.resources)
         }) {
             self.drop_rebid_hold(job);
             return false;
@@ -431,11 +456,21 @@ impl Mill {
         if candidates.iter().any(|n| !said_never(n)) {
             candidates.retain(|n| !said_never(n));
         }
+        // M34: nodes whose snapshot shows an asked-for resource fully used are passed over.
+        // They rank last (a full resource is the worst load), so these are the fallbacks.
+        let mut full = Resources::new();
+        if !candidates.is_empty() && j.spec.resources.values().any(|&a| a > 0) {
+            candidates.retain(|n| !resource_full(sessions, n, &j.spec.engine, &j.spec.resources));
+            if candidates.is_empty() {
+                full = j.spec.resources.clone();
+            }
+        }
         if candidates.is_empty() {
             exhausted.push((
                 j.spec.engine.clone(),
                 j.spec.labels.clone(),
                 j.spec.node.clone(),
+                full,
             ));
             self.drop_rebid_hold(job);
             return false;

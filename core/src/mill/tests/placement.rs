@@ -695,3 +695,58 @@ fn m34_ranking_uses_resource_loads_not_only_seats() {
         "top_k 1: only the best is asked"
     );
 }
+
+/// M34: a node whose snapshot shows a resource fully used is not asked for a job that asks
+/// for that resource (it would only refuse, Transient), even when it ranks first for it
+/// otherwise or is the job's pinned node; a job asking nothing of it is still asked there,
+/// in the same pass: passing a class over for its resources does not pass over the class.
+#[test]
+fn m34_a_node_whose_resource_is_full_is_not_asked_for_a_job_needing_it() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let with_cpu = |cpu: f64, seats: f64| {
+        let mut e = engines(true, seats);
+        if let Some(s) = e.get_mut("shell") {
+            s.load.insert("cpu".to_string(), cpu);
+        }
+        e
+    };
+    // `full` ranks first by seats but has no cpu left; `spare` is busier but has cpu.
+    let full = h.hello_as("a-full", 1, &[]);
+    h.snapshot_with(full, with_cpu(1.0, 0.0), &[]);
+    let spare = h.hello_as("b-spare", 1, &[]);
+    h.snapshot_with(spare, with_cpu(0.0, 0.5), &[]);
+    let mut big = spec();
+    big.resources.insert("cpu".into(), 4);
+    let big = h.submit(big);
+    assert_eq!(asked_jobs(&h, spare), [big], "the node with cpu free is asked");
+    assert!(asked_jobs(&h, full).is_empty(), "the full node is not asked");
+
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    // Both wait for a node; its first snapshot places them in one pass.
+    let mut big = spec();
+    big.resources.insert("cpu".into(), 4);
+    let big = h.submit(big);
+    let small = h.submit(spec());
+    let full = h.hello_as("a-full", 1, &[]);
+    h.snapshot_with(full, with_cpu(1.0, 0.0), &[]);
+    assert_eq!(
+        asked_jobs(&h, full),
+        [small],
+        "the cpu job waits for cpu; the job asking no cpu, of the same class, is asked"
+    );
+    let mut pin = pinned("a-full");
+    pin.resources.insert("cpu".into(), 4);
+    let pin = h.submit(pin);
+    assert!(asked_jobs(&h, full).is_empty(), "the pinned cpu job waits too");
+    // Its cpu frees up: both are asked.
+    h.snapshot_with(full, with_cpu(0.0, 0.0), &[]);
+    let mut asked = asked_jobs(&h, full);
+    asked.sort();
+    assert_eq!(asked, [big, pin], "asked once cpu is free");
+}
