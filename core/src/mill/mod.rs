@@ -450,6 +450,10 @@ struct Job {
     /// session lasts they are not asked again if another candidate can be (M13, I9) — an
     /// ask would only hold their seat from jobs they can run.
     incompatible: BTreeMap<NodeId, ConnId>,
+    /// M34: nodes that refused it Transient for a resource, with their `frees` count then:
+    /// not asked again until that node frees something (a seat, a lease, a new snapshot),
+    /// since until then its answer would be the same. At most one entry per node.
+    refused: BTreeMap<NodeId, u64>,
     /// The highest attempt number used (M32): its next lease is attempt `attempt + 1`.
     attempt: u32,
     /// The lease of its last attempt while that attempt's run may live on (M32).
@@ -922,6 +926,7 @@ impl Mill {
                 persisted_beyond_queued: false,
                 waits_for_change: None,
                 incompatible: BTreeMap::new(),
+                refused: BTreeMap::new(),
                 attempt: 0,
                 retried: 0,
                 fenced_run: None,

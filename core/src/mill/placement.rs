@@ -340,8 +340,11 @@ impl Mill {
 
     /// A seat the mill held on `node` is free again.
     pub(super) fn seat_released(&mut self, node: &NodeId, engine: Option<&str>) {
-        if let (Some(s), Some(engine)) = (self.sessions.get_mut(node), engine) {
-            free_seat(&mut s.held, engine);
+        if let Some(s) = self.sessions.get_mut(node) {
+            s.frees += 1;
+            if let Some(engine) = engine {
+                free_seat(&mut s.held, engine);
+            }
         }
         self.reindex(node);
     }
@@ -350,8 +353,11 @@ impl Mill {
     /// the job is gone, as with [`Mill::seat_released`] and no engine). Borrows the engine
     /// name from the job instead of copying it.
     pub(super) fn job_seat_released(&mut self, node: &NodeId, job: JobId) {
-        if let (Some(s), Some(j)) = (self.sessions.get_mut(node), self.jobs.get(&job)) {
-            free_seat(&mut s.held, &j.spec.engine);
+        if let Some(s) = self.sessions.get_mut(node) {
+            s.frees += 1;
+            if let Some(j) = self.jobs.get(&job) {
+                free_seat(&mut s.held, &j.spec.engine);
+            }
         }
         self.reindex(node);
     }
@@ -455,6 +461,20 @@ impl Mill {
         };
         if candidates.iter().any(|n| !said_never(n)) {
             candidates.retain(|n| !said_never(n));
+        }
+        // M34: a node that refused this job for a resource and has freed nothing since
+        // would refuse again; the job waits for it (or for others) without a class-wide
+        // pass-over, since the refusal was this job's.
+        if !j.refused.is_empty() {
+            candidates.retain(|n| {
+                j.refused
+                    .get(n)
+                    .is_none_or(|&at| sessions.get(n).is_none_or(|s| s.frees != at))
+            });
+            if candidates.is_empty() {
+                self.drop_rebid_hold(job);
+                return false;
+            }
         }
         // M34: nodes whose snapshot shows an asked-for resource fully used are passed over.
         // They rank last (a full resource is the worst load), so these are the fallbacks.
@@ -709,7 +729,16 @@ impl Mill {
                         j.incompatible.insert(node.clone(), conn);
                     }
                 }
-                Some(RejectKind::Transient) | None => round.soft_failure = true,
+                Some(RejectKind::Transient) | None => {
+                    round.soft_failure = true;
+                    // M34: a resource it lacks now stays lacking until it frees something.
+                    if why.starts_with("resource ") {
+                        let frees = self.sessions.get(node).map(|s| s.frees);
+                        if let (Some(frees), Some(j)) = (frees, self.jobs.get_mut(&job)) {
+                            j.refused.insert(node.clone(), frees);
+                        }
+                    }
+                }
             }
         }
         self.advance(job, round);

@@ -132,6 +132,7 @@ impl Mill {
                     persisted_beyond_queued: lease.is_some(),
                     waits_for_change: None,
                     incompatible: std::collections::BTreeMap::new(),
+                    refused: std::collections::BTreeMap::new(),
                     attempt: tally.last,
                     retried: tally.retried,
                     fenced_run: fence.and(tally.fenced_run.as_ref().map(|(l, _)| *l)),

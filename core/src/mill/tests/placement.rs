@@ -721,8 +721,15 @@ fn m34_a_node_whose_resource_is_full_is_not_asked_for_a_job_needing_it() {
     let mut big = spec();
     big.resources.insert("cpu".into(), 4);
     let big = h.submit(big);
-    assert_eq!(asked_jobs(&h, spare), [big], "the node with cpu free is asked");
-    assert!(asked_jobs(&h, full).is_empty(), "the full node is not asked");
+    assert_eq!(
+        asked_jobs(&h, spare),
+        [big],
+        "the node with cpu free is asked"
+    );
+    assert!(
+        asked_jobs(&h, full).is_empty(),
+        "the full node is not asked"
+    );
 
     let mut h = H::with(MillConfig {
         top_k: 1,
@@ -743,10 +750,58 @@ fn m34_a_node_whose_resource_is_full_is_not_asked_for_a_job_needing_it() {
     let mut pin = pinned("a-full");
     pin.resources.insert("cpu".into(), 4);
     let pin = h.submit(pin);
-    assert!(asked_jobs(&h, full).is_empty(), "the pinned cpu job waits too");
+    assert!(
+        asked_jobs(&h, full).is_empty(),
+        "the pinned cpu job waits too"
+    );
     // Its cpu frees up: both are asked.
     h.snapshot_with(full, with_cpu(0.0, 0.0), &[]);
     let mut asked = asked_jobs(&h, full);
     asked.sort();
     assert_eq!(asked, [big, pin], "asked once cpu is free");
+}
+
+/// M34: a node that refused a job Transient for a resource is not asked for it again until
+/// it frees something — other wake-ups (a new job asked of it) do not re-ask it —
+/// and is asked again after its next snapshot; a busy refusal (not a resource) is retried
+/// on the next wake-up as before.
+#[test]
+fn m34_a_node_that_refused_a_job_for_a_resource_is_asked_again_only_after_it_frees_something() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let mut half = engines(true, 0.0);
+    if let Some(s) = half.get_mut("shell") {
+        s.load.insert("cpu".to_string(), 0.5);
+    }
+    let x = h.hello_as("x", 1, &[]);
+    h.snapshot_with(x, half.clone(), &[]);
+    let mut big = spec();
+    big.resources.insert("cpu".into(), 64);
+    let big = h.submit(big);
+    let lease = match h.asks(x).as_slice() {
+        [l] => *l,
+        other => panic!("one ask, got {other:?}"),
+    };
+    h.reject(
+        x,
+        lease,
+        RejectKind::Transient,
+        "resource cpu: asks for 64, 32 of 64 free",
+    );
+    // A new job wakes placement and is asked of x (a seat taken frees nothing): x is not
+    // asked again for the big job.
+    let small = h.submit(spec());
+    assert_eq!(
+        asked_jobs(&h, x),
+        [small],
+        "x refused the big job for cpu and freed nothing since"
+    );
+    // x's next snapshot shows cpu freed: it is asked again.
+    if let Some(s) = half.get_mut("shell") {
+        s.load.insert("cpu".to_string(), 0.0);
+    }
+    h.snapshot_with(x, half, &[]);
+    assert_eq!(asked_jobs(&h, x), [big], "asked again after x's snapshot");
 }
