@@ -502,10 +502,12 @@ impl QuotaLedger {
             let scopes = scopes_of(&w.entry.identity);
             let blocked = self.overflow(&w.entry).or_else(|| {
                 scopes.iter().find_map(|&(kind, name)| {
-                    first[kind as usize].get(name).map(|&earlier| Blocked::Behind {
-                        scope: scope_named(kind, name),
-                        first: earlier,
-                    })
+                    first[kind as usize]
+                        .get(name)
+                        .map(|&earlier| Blocked::Behind {
+                            scope: scope_named(kind, name),
+                            first: earlier,
+                        })
                 })
             });
             debug_assert!(blocked.is_some(), "{id} waits for nothing (Q2)");
@@ -1104,7 +1106,12 @@ mod tests {
     fn q2_blocked_names_the_full_scope_and_resource_with_the_numbers() {
         let mut q = owner_cpu_4();
         acquire(&mut q, 1, &ident("acme", "a"), &res(&[("cpu", 3)]));
-        acquire(&mut q, 2, &ident("acme", "b"), &res(&[("cpu", 2), ("mem", 1)]));
+        acquire(
+            &mut q,
+            2,
+            &ident("acme", "b"),
+            &res(&[("cpu", 2), ("mem", 1)]),
+        );
         let blocked = q.blocked(JobId(2));
         assert_eq!(
             blocked,
@@ -1139,16 +1146,16 @@ mod tests {
         };
         assert_eq!(q.blocked(JobId(3)), behind(owner("acme"), 2));
         assert_eq!(q.blocked(JobId(4)), behind(repo("shared"), 2));
-        let listed: Vec<(JobId, Option<Blocked>)> = q
-            .waiters_blocked()
-            .map(|(id, _, _, b)| (id, b))
-            .collect();
+        let listed: Vec<(JobId, Option<Blocked>)> =
+            q.waiters_blocked().map(|(id, _, _, b)| (id, b)).collect();
         assert_eq!(listed.len(), 3);
         assert!(matches!(listed[0].1, Some(Blocked::Limit { .. })));
         assert_eq!(listed[1], (JobId(3), behind(owner("acme"), 2)));
         assert_eq!(listed[2], (JobId(4), behind(repo("shared"), 2)));
         assert_eq!(
-            behind(owner("acme"), 2).map(|b| b.to_string()).unwrap_or_default(),
+            behind(owner("acme"), 2)
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
             "behind j2 in owner \"acme\" (first come, first served)"
         );
     }
@@ -1201,7 +1208,10 @@ mod tests {
             config.limits(&owner("big")),
             res(&[("cpu", 4), ("gpu", 1), ("jobs", 100)])
         );
-        assert_eq!(config.limits(&owner("small")), res(&[("cpu", 4), ("jobs", 10)]));
+        assert_eq!(
+            config.limits(&owner("small")),
+            res(&[("cpu", 4), ("jobs", 10)])
+        );
         assert_eq!(config.limits(&repo("big")), Resources::new());
     }
 
@@ -1498,10 +1508,8 @@ mod tests {
         assert_eq!(q.waiting(), m.waiters.len());
         // Q2 for operators: every waiter says why it waits, the same one by one as in the
         // listing, and a full limit is full by the numbers the ledger reports.
-        let listed: Vec<(JobId, Option<Blocked>)> = q
-            .waiters_blocked()
-            .map(|(id, _, _, b)| (id, b))
-            .collect();
+        let listed: Vec<(JobId, Option<Blocked>)> =
+            q.waiters_blocked().map(|(id, _, _, b)| (id, b)).collect();
         assert_eq!(
             listed.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
             expected,
@@ -1531,7 +1539,11 @@ mod tests {
         assert_eq!(listed_scopes.len(), q.scope_count());
         for s in &listed_scopes {
             assert_eq!(s.used, q.usage(&s.scope), "{} at step {step}", s.scope);
-            assert!(!s.used.is_empty() || s.waiting > 0, "{} listed idle", s.scope);
+            assert!(
+                !s.used.is_empty() || s.waiting > 0,
+                "{} listed idle",
+                s.scope
+            );
         }
         let scopes = OWNERS
             .iter()

@@ -200,10 +200,7 @@ impl Ctx<'_> {
             return Err(self.err(
                 None,
                 key_path(&["quota", kind]),
-                format!(
-                    "{} {kind} overrides; at most {MAX_OVERRIDES}",
-                    tables.len()
-                ),
+                format!("{} {kind} overrides; at most {MAX_OVERRIDES}", tables.len()),
             ));
         }
         let mut out = BTreeMap::new();
@@ -321,11 +318,11 @@ pub fn key_path(segments: &[&str]) -> String {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let scope_name =
-                i == 2 && segments.first() == Some(&"quota") && matches!(segments.get(1), Some(&"owner" | &"repo"));
+            let scope_name = i == 2
+                && segments.first() == Some(&"quota")
+                && matches!(segments.get(1), Some(&"owner" | &"repo"));
             let bare = !s.is_empty()
-                && s
-                    .bytes()
+                && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
             if bare && !scope_name {
                 (*s).to_string()
@@ -359,7 +356,11 @@ fn quoted(s: &str) -> String {
 /// The 1-based line of byte `at` of `text`.
 fn line_of(text: &str, at: usize) -> usize {
     let at = at.min(text.len());
-    text.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1
+    text.as_bytes()[..at]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -509,13 +510,23 @@ jobs = 200
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("none.toml");
         let e = load(&missing).unwrap_err();
-        assert!(e.to_string().starts_with(&format!("--config {}: cannot open", missing.display())), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("--config {}: cannot open", missing.display())),
+            "{e}"
+        );
         let big = dir.path().join("big.toml");
         let pad = "#".repeat(usize::try_from(MAX_CONFIG_BYTES).unwrap() + 1);
         std::fs::write(&big, pad).unwrap();
-        assert!(load(&big).unwrap_err().message.contains("larger than 4 MiB"));
+        assert!(load(&big)
+            .unwrap_err()
+            .message
+            .contains("larger than 4 MiB"));
         let good = dir.path().join("good.toml");
         std::fs::write(&good, EXAMPLE).unwrap();
-        assert_eq!(load(&good).unwrap().quota.repo_defaults, res(&[("jobs", 50)]));
+        assert_eq!(
+            load(&good).unwrap().quota.repo_defaults,
+            res(&[("jobs", 50)])
+        );
     }
 }

@@ -915,10 +915,7 @@ async fn quota(
                     .ok_or_else(|| {
                         ApiError::field(
                             StatusCode::BAD_REQUEST,
-                            format!(
-                                "limit {v:?}: must be 1 to {}",
-                                crate::quota_view::MAX_LIMIT
-                            ),
+                            format!("limit {v:?}: must be 1 to {}", crate::quota_view::MAX_LIMIT),
                             "limit",
                         )
                     })?;

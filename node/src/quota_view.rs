@@ -171,7 +171,10 @@ impl std::fmt::Display for BlockedView {
                 "{scope} {name:?} {resource} {used}/{limit} in use (asks {asks})"
             ),
             BlockedView::Behind { scope, name, job } => {
-                write!(f, "behind j{job} in {scope} {name:?} (first come, first served)")
+                write!(
+                    f,
+                    "behind j{job} in {scope} {name:?} (first come, first served)"
+                )
             }
         }
     }
@@ -274,7 +277,12 @@ pub fn render(v: &QuotaView) -> String {
         .owner
         .iter()
         .map(|(n, r)| (format!("owner {n:?}"), r))
-        .chain(v.limits.repo.iter().map(|(n, r)| (format!("repo {n:?}"), r)));
+        .chain(
+            v.limits
+                .repo
+                .iter()
+                .map(|(n, r)| (format!("repo {n:?}"), r)),
+        );
     for (scope, limits) in defaults
         .into_iter()
         .map(|(s, r)| (s.to_string(), r))
@@ -342,7 +350,10 @@ pub fn render(v: &QuotaView) -> String {
         );
     }
 
-    let _ = writeln!(out, "\nWAITING FOR QUOTA (first come, first served per scope)");
+    let _ = writeln!(
+        out,
+        "\nWAITING FOR QUOTA (first come, first served per scope)"
+    );
     let _ = writeln!(
         out,
         "{:>8}  {:<16} {:<24} {:<20} WHY",
@@ -437,7 +448,10 @@ mod tests {
                 waiting: 1,
             }
         );
-        assert_eq!((v.scopes[1].name.as_str(), v.scopes[1].waiting), ("dave", 1));
+        assert_eq!(
+            (v.scopes[1].name.as_str(), v.scopes[1].waiting),
+            ("dave", 1)
+        );
         assert_eq!(v.scopes[1].used, Resources::new());
         assert_eq!(v.scopes[2].kind, "repo");
         assert_eq!(v.scopes[2].limits, res(&[("jobs", 50)]));
@@ -471,14 +485,26 @@ mod tests {
     #[test]
     fn every_list_is_cut_at_the_limit_and_says_so() {
         let v = view(&ledger(), 1);
-        assert_eq!((v.scopes.len(), v.scopes_total, v.scopes_truncated), (1, 3, true));
-        assert_eq!((v.waiters.len(), v.waiters_total, v.waiters_truncated), (1, 2, true));
+        assert_eq!(
+            (v.scopes.len(), v.scopes_total, v.scopes_truncated),
+            (1, 3, true)
+        );
+        assert_eq!(
+            (v.waiters.len(), v.waiters_total, v.waiters_truncated),
+            (1, 2, true)
+        );
         assert_eq!(v.limits.owner.len(), 1);
         assert_eq!(v.limits.owner_total, 2);
         assert!(v.limits.truncated);
         let text = render(&v);
-        assert!(text.contains("(1 of 3 scopes shown; use --limit)"), "{text}");
-        assert!(text.contains("(1 of 2 waiting jobs shown; use --limit)"), "{text}");
+        assert!(
+            text.contains("(1 of 3 scopes shown; use --limit)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(1 of 2 waiting jobs shown; use --limit)"),
+            "{text}"
+        );
         assert!(text.contains("overrides cut"), "{text}");
     }
 

@@ -100,7 +100,9 @@ fn m15_a_job_over_its_owner_limit_waits_for_quota_says_why_and_runs_after_the_ho
     );
 
     // Another owner is not held up by alice's limit.
-    let other = mill.api.submit(&json!({"command": "echo other", "owner": "bob"}));
+    let other = mill
+        .api
+        .submit(&json!({"command": "echo other", "owner": "bob"}));
     assert_eq!(mill.api.wait_done(other)["state"], "success");
 
     let (s, q) = mill.api.get("/v1/quota");
@@ -109,7 +111,10 @@ fn m15_a_job_over_its_owner_limit_waits_for_quota_says_why_and_runs_after_the_ho
     assert_eq!(q["waiters_truncated"], false, "{q}");
     let w = &q["waiters"][0];
     assert_eq!(w["job"], second, "{q}");
-    assert_eq!((&w["owner"], &w["repo"]), (&json!("alice"), &json!("alice/app")));
+    assert_eq!(
+        (&w["owner"], &w["repo"]),
+        (&json!("alice"), &json!("alice/app"))
+    );
     assert_eq!(w["asks"]["jobs"], 1, "{q}");
     assert_eq!(w["blocked"]["kind"], "limit", "{q}");
     assert_eq!(w["blocked"]["name"], "alice", "{q}");
@@ -211,7 +216,10 @@ fn a_bad_config_stops_mill_and_standalone_before_they_listen_naming_the_key() {
         (
             "negative",
             "[quota.defaults.owner]\njobs = 10\n[quota.owner.\"alice\"]\njobs = -3\n",
-            &[":4: quota.owner.\"alice\".jobs: must be a positive integer", "got -3"],
+            &[
+                ":4: quota.owner.\"alice\".jobs: must be a positive integer",
+                "got -3",
+            ],
         ),
         (
             "zero",
