@@ -186,7 +186,10 @@ impl Workload {
                 spec.node = millrace_core::NodeId::new(h.name.clone()).ok();
             }
             if spec.engine == "shell" && knobs.whole_engine.is_some_and(|p| retry.chance(p)) {
-                let cpu = h.engines.get("shell").and_then(|e| e.resources.get("cpu_millis"));
+                let cpu = h
+                    .engines
+                    .get("shell")
+                    .and_then(|e| e.resources.get("cpu_millis"));
                 if let Some(&cpu) = cpu {
                     spec.resources.insert("cpu_millis".to_string(), cpu);
                 }
