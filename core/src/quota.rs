@@ -456,6 +456,10 @@ impl QuotaLedger {
 
     /// Why `id` waits (Q2), or `None` if it does not wait. Costs one pass over the waiters
     /// that arrived before it.
+    ///
+    /// The first reason that holds, checked in this order: a limit of its owner, then of its
+    /// repo, that its charge does not fit under now (resources in name order); else the
+    /// earliest earlier waiter of its owner, then of its repo.
     pub fn blocked(&self, id: JobId) -> Option<Blocked> {
         let waiter = self.waiting.get(&id)?;
         if let Some(full) = self.overflow(&waiter.entry) {
@@ -483,10 +487,9 @@ impl QuotaLedger {
                         first,
                     })
             });
-        debug_assert!(
-            behind.is_some(),
-            "{id} waits though it fits and no earlier waiter shares a scope (Q2)"
-        );
+        // By the ledger's invariant a waiter that fits has an earlier waiter in a scope
+        // (the random model checks it); a read for operators does not assert it, so that a
+        // broken ledger shows up as a waiter without a reason rather than as a panic here.
         behind
     }
 
@@ -510,7 +513,6 @@ impl QuotaLedger {
                         })
                 })
             });
-            debug_assert!(blocked.is_some(), "{id} waits for nothing (Q2)");
             for (kind, name) in scopes {
                 first[kind as usize].entry(name).or_insert(id);
             }
