@@ -76,6 +76,36 @@ fn scopes_of(identity: &Identity) -> [(Kind, &str); 2] {
     ]
 }
 
+/// The scope of `kind` named `name`.
+fn scope_named(kind: Kind, name: &str) -> Scope {
+    match kind {
+        Kind::Owner => Scope::Owner(name.to_string()),
+        Kind::Repo => Scope::Repo(name.to_string()),
+    }
+}
+
+/// The union of two ascending key sequences, ascending, each key once.
+fn merged_keys<'a>(
+    a: impl Iterator<Item = &'a String>,
+    b: impl Iterator<Item = &'a String>,
+) -> impl Iterator<Item = &'a str> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x < y => a.next(),
+            (Some(x), Some(y)) if y < x => b.next(),
+            (Some(_), Some(_)) => {
+                b.next();
+                a.next()
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => None,
+        };
+        next.map(String::as_str)
+    })
+}
+
 impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -107,6 +137,21 @@ impl QuotaConfig {
     pub fn limit(&self, scope: &Scope, resource: &str) -> Option<u64> {
         let (kind, name) = scope.parts();
         self.limit_of(kind, name, resource)
+    }
+
+    /// Every limit in force in `scope`: the defaults of its kind, with the resources its
+    /// override names replaced. Resources absent are unlimited.
+    pub fn limits(&self, scope: &Scope) -> Resources {
+        let (kind, name) = scope.parts();
+        let (defaults, overrides) = match kind {
+            Kind::Owner => (&self.owner_defaults, &self.owner_overrides),
+            Kind::Repo => (&self.repo_defaults, &self.repo_overrides),
+        };
+        let mut limits = defaults.clone();
+        if let Some(o) = overrides.get(name) {
+            limits.extend(o.iter().map(|(r, &l)| (r.clone(), l)));
+        }
+        limits
     }
 
     fn limit_of(&self, kind: Kind, name: &str, resource: &str) -> Option<u64> {
@@ -146,6 +191,62 @@ pub enum QuotaError {
         /// The reservation.
         id: JobId,
     },
+}
+
+/// Why a waiter waits (Q2), for operators: the first thing that keeps it from being granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// Its charge does not fit on top of what the scope's holders use now.
+    Limit {
+        /// The full scope: the owner before the repo, when both are full.
+        scope: Scope,
+        /// The resource that is full: the first in name order.
+        resource: String,
+        /// What the scope's holders use of it now (saturated to `u64`).
+        used: u64,
+        /// What the waiter asks of it.
+        asks: u64,
+        /// The scope's limit of it.
+        limit: u64,
+    },
+    /// It would fit, but an earlier waiter shares a scope with it and goes first (Q2: FIFO
+    /// per scope).
+    Behind {
+        /// The shared scope: the owner before the repo, when both are shared.
+        scope: Scope,
+        /// The earliest waiter of that scope.
+        first: JobId,
+    },
+}
+
+impl fmt::Display for Blocked {
+    /// `owner "alice" jobs 10/10 in use (asks 1)`, or `behind j5 in owner "alice" (first come,
+    /// first served)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Blocked::Limit {
+                scope,
+                resource,
+                used,
+                asks,
+                limit,
+            } => write!(f, "{scope} {resource} {used}/{limit} in use (asks {asks})"),
+            Blocked::Behind { scope, first } => {
+                write!(f, "behind {first} in {scope} (first come, first served)")
+            }
+        }
+    }
+}
+
+/// One scope that holds or waits, as [`QuotaLedger::scopes`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeUse {
+    /// The scope.
+    pub scope: Scope,
+    /// What its holders use (absent resources are zero; saturated to `u64`).
+    pub used: Resources,
+    /// How many waiters it has (Q2).
+    pub waiting: usize,
 }
 
 /// What one reservation charges, held or waiting.
@@ -351,6 +452,128 @@ impl QuotaLedger {
     /// The limits in force.
     pub fn config(&self) -> &QuotaConfig {
         &self.config
+    }
+
+    /// Why `id` waits (Q2), or `None` if it does not wait. Costs one pass over the waiters
+    /// that arrived before it.
+    ///
+    /// The first reason that holds, checked in this order: a limit of its owner, then of its
+    /// repo, that its charge does not fit under now (resources in name order); else the
+    /// earliest earlier waiter of its owner, then of its repo.
+    pub fn blocked(&self, id: JobId) -> Option<Blocked> {
+        let waiter = self.waiting.get(&id)?;
+        if let Some(full) = self.overflow(&waiter.entry) {
+            return Some(full);
+        }
+        // The owner's earliest waiter if it has an earlier one, else the repo's: as
+        // `waiters_blocked` reports it.
+        let mine = &waiter.entry.identity;
+        let earlier = || {
+            self.queue
+                .range(..waiter.arrival)
+                .filter_map(|(_, e)| self.waiting.get(e).map(|w| (*e, &w.entry.identity)))
+        };
+        let behind = earlier()
+            .find(|(_, who)| who.owner == mine.owner)
+            .map(|(first, _)| Blocked::Behind {
+                scope: Scope::Owner(mine.owner.clone()),
+                first,
+            })
+            .or_else(|| {
+                earlier()
+                    .find(|(_, who)| who.repo == mine.repo)
+                    .map(|(first, _)| Blocked::Behind {
+                        scope: Scope::Repo(mine.repo.clone()),
+                        first,
+                    })
+            });
+        // By the ledger's invariant a waiter that fits has an earlier waiter in a scope
+        // (the random model checks it); a read for operators does not assert it, so that a
+        // broken ledger shows up as a waiter without a reason rather than as a panic here.
+        behind
+    }
+
+    /// Every waiter in arrival order, with why it waits ([`blocked`](Self::blocked)); one
+    /// pass, so taking the first `n` costs `n` steps (and a map of the scopes seen).
+    pub fn waiters_blocked(
+        &self,
+    ) -> impl Iterator<Item = (JobId, &Identity, &Resources, Option<Blocked>)> + '_ {
+        // The earliest waiter of each scope seen so far, by kind then name.
+        let mut first: [BTreeMap<&str, JobId>; 2] = [BTreeMap::new(), BTreeMap::new()];
+        self.queue.values().filter_map(move |&id| {
+            let w = self.waiting.get(&id)?;
+            let scopes = scopes_of(&w.entry.identity);
+            let blocked = self.overflow(&w.entry).or_else(|| {
+                scopes.iter().find_map(|&(kind, name)| {
+                    first[kind as usize]
+                        .get(name)
+                        .map(|&earlier| Blocked::Behind {
+                            scope: scope_named(kind, name),
+                            first: earlier,
+                        })
+                })
+            });
+            for (kind, name) in scopes {
+                first[kind as usize].entry(name).or_insert(id);
+            }
+            Some((id, &w.entry.identity, &w.entry.charge, blocked))
+        })
+    }
+
+    /// Every scope that holds or waits, owners then repos, each in name order, with its
+    /// usage and its number of waiters.
+    pub fn scopes(&self) -> impl Iterator<Item = ScopeUse> + '_ {
+        [Kind::Owner, Kind::Repo].into_iter().flat_map(move |kind| {
+            let used = &self.usage[kind as usize];
+            let waiting = &self.waiters_per_scope[kind as usize];
+            merged_keys(used.keys(), waiting.keys()).map(move |name| ScopeUse {
+                scope: scope_named(kind, name),
+                used: used
+                    .get(name)
+                    .map(|u| {
+                        u.iter()
+                            .map(|(r, &a)| (r.clone(), u64::try_from(a).unwrap_or(u64::MAX)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                waiting: waiting.get(name).copied().unwrap_or(0),
+            })
+        })
+    }
+
+    /// How many scopes [`scopes`](Self::scopes) lists.
+    pub fn scope_count(&self) -> usize {
+        [Kind::Owner, Kind::Repo]
+            .into_iter()
+            .map(|kind| {
+                merged_keys(
+                    self.usage[kind as usize].keys(),
+                    self.waiters_per_scope[kind as usize].keys(),
+                )
+                .count()
+            })
+            .sum()
+    }
+
+    /// The first scope (owner first) and resource (name order) where `entry`'s charge does
+    /// not fit on top of the usage now, with the numbers.
+    fn overflow(&self, entry: &Entry) -> Option<Blocked> {
+        scopes_of(&entry.identity).iter().find_map(|&(kind, name)| {
+            let used = self.usage[kind as usize].get(name);
+            entry.charge.iter().find_map(|(resource, &asks)| {
+                let limit = self.config.limit_of(kind, name, resource)?;
+                let current = used.and_then(|u| u.get(resource)).copied().unwrap_or(0);
+                (current.saturating_add(u128::from(asks)) > u128::from(limit)).then(|| {
+                    Blocked::Limit {
+                        scope: scope_named(kind, name),
+                        resource: resource.clone(),
+                        used: u64::try_from(current).unwrap_or(u64::MAX),
+                        asks,
+                        limit,
+                    }
+                })
+            })
+        })
     }
 
     /// Why `charge` alone exceeds a limit of one of `identity`'s scopes, if it does. Scopes
@@ -882,6 +1105,119 @@ mod tests {
     }
 
     #[test]
+    fn q2_blocked_names_the_full_scope_and_resource_with_the_numbers() {
+        let mut q = owner_cpu_4();
+        acquire(&mut q, 1, &ident("acme", "a"), &res(&[("cpu", 3)]));
+        acquire(
+            &mut q,
+            2,
+            &ident("acme", "b"),
+            &res(&[("cpu", 2), ("mem", 1)]),
+        );
+        let blocked = q.blocked(JobId(2));
+        assert_eq!(
+            blocked,
+            Some(Blocked::Limit {
+                scope: owner("acme"),
+                resource: "cpu".into(),
+                used: 3,
+                asks: 2,
+                limit: 4,
+            })
+        );
+        let text = blocked.map(|b| b.to_string()).unwrap_or_default();
+        assert_eq!(text, "owner \"acme\" cpu 3/4 in use (asks 2)");
+        assert_eq!(q.blocked(JobId(1)), None, "a holder does not wait");
+        assert_eq!(q.blocked(JobId(9)), None, "unknown");
+    }
+
+    #[test]
+    fn q2_blocked_behind_an_earlier_waiter_names_it_and_the_shared_scope() {
+        let mut q = owner_cpu_4();
+        acquire(&mut q, 1, &ident("acme", "shared"), &res(&[("cpu", 3)]));
+        acquire(&mut q, 2, &ident("acme", "shared"), &res(&[("cpu", 2)]));
+        // Fits (3 + 1 <= 4), but job 2 asked first in owner acme.
+        acquire(&mut q, 3, &ident("acme", "c"), &res(&[("cpu", 1)]));
+        // Owner zeta is idle; job 2 waits in repo "shared".
+        acquire(&mut q, 4, &ident("zeta", "shared"), &res(&[("cpu", 1)]));
+        let behind = |scope, first| {
+            Some(Blocked::Behind {
+                scope,
+                first: JobId(first),
+            })
+        };
+        assert_eq!(q.blocked(JobId(3)), behind(owner("acme"), 2));
+        assert_eq!(q.blocked(JobId(4)), behind(repo("shared"), 2));
+        let listed: Vec<(JobId, Option<Blocked>)> =
+            q.waiters_blocked().map(|(id, _, _, b)| (id, b)).collect();
+        assert_eq!(listed.len(), 3);
+        assert!(matches!(listed[0].1, Some(Blocked::Limit { .. })));
+        assert_eq!(listed[1], (JobId(3), behind(owner("acme"), 2)));
+        assert_eq!(listed[2], (JobId(4), behind(repo("shared"), 2)));
+        assert_eq!(
+            behind(owner("acme"), 2)
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
+            "behind j2 in owner \"acme\" (first come, first served)"
+        );
+    }
+
+    #[test]
+    fn scopes_list_holders_and_waiters_owners_first_in_name_order() {
+        let mut q = QuotaLedger::new(QuotaConfig {
+            repo_defaults: res(&[("cpu", 2)]),
+            ..QuotaConfig::default()
+        });
+        acquire(&mut q, 1, &ident("zeta", "r"), &res(&[("cpu", 2)]));
+        // Owner acme holds nothing but waits, behind repo r's limit.
+        acquire(&mut q, 2, &ident("acme", "r"), &res(&[("cpu", 1)]));
+        let scopes: Vec<ScopeUse> = q.scopes().collect();
+        assert_eq!(
+            scopes,
+            vec![
+                ScopeUse {
+                    scope: owner("acme"),
+                    used: Resources::new(),
+                    waiting: 1,
+                },
+                ScopeUse {
+                    scope: owner("zeta"),
+                    used: res(&[("cpu", 2)]),
+                    waiting: 0,
+                },
+                ScopeUse {
+                    scope: repo("r"),
+                    used: res(&[("cpu", 2)]),
+                    waiting: 1,
+                },
+            ]
+        );
+        assert_eq!(q.scope_count(), 3);
+        q.release(JobId(1));
+        q.release(JobId(2));
+        assert_eq!(q.scopes().count(), 0);
+        assert_eq!(q.scope_count(), 0);
+    }
+
+    #[test]
+    fn limits_of_a_scope_are_its_defaults_with_its_override_on_top() {
+        let config = QuotaConfig {
+            owner_defaults: res(&[("cpu", 4), ("jobs", 10)]),
+            owner_overrides: [("big".to_string(), res(&[("jobs", 100), ("gpu", 1)]))].into(),
+            ..QuotaConfig::default()
+        };
+        assert_eq!(
+            config.limits(&owner("big")),
+            res(&[("cpu", 4), ("gpu", 1), ("jobs", 100)])
+        );
+        assert_eq!(
+            config.limits(&owner("small")),
+            res(&[("cpu", 4), ("jobs", 10)])
+        );
+        assert_eq!(config.limits(&repo("big")), Resources::new());
+    }
+
+    #[test]
     fn overrides_replace_defaults_only_for_the_resources_they_name() {
         let mut q = QuotaLedger::new(QuotaConfig {
             owner_defaults: res(&[("cpu", 4), ("mem", 100)]),
@@ -1172,6 +1508,45 @@ mod tests {
         let expected: Vec<JobId> = m.waiters.iter().map(|(id, _, _)| *id).collect();
         assert_eq!(waiters, expected, "waiters at step {step}");
         assert_eq!(q.waiting(), m.waiters.len());
+        // Q2 for operators: every waiter says why it waits, the same one by one as in the
+        // listing, and a full limit is full by the numbers the ledger reports.
+        let listed: Vec<(JobId, Option<Blocked>)> =
+            q.waiters_blocked().map(|(id, _, _, b)| (id, b)).collect();
+        assert_eq!(
+            listed.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            expected,
+            "waiters_blocked order at step {step}"
+        );
+        for (id, blocked) in &listed {
+            assert_eq!(blocked, &q.blocked(*id), "{id} at step {step}");
+            match blocked {
+                Some(Blocked::Limit {
+                    scope,
+                    resource,
+                    used,
+                    asks,
+                    limit,
+                }) => {
+                    assert_eq!(q.usage(scope).get(resource).copied().unwrap_or(0), *used);
+                    assert_eq!(q.limit(scope, resource), Some(*limit));
+                    assert!(used.saturating_add(*asks) > *limit, "{id} at step {step}");
+                }
+                Some(Blocked::Behind { first, .. }) => {
+                    assert!(q.is_waiting(*first), "{id} behind {first} at step {step}")
+                }
+                None => panic!("{id} waits for nothing at step {step}"),
+            }
+        }
+        let listed_scopes: Vec<ScopeUse> = q.scopes().collect();
+        assert_eq!(listed_scopes.len(), q.scope_count());
+        for s in &listed_scopes {
+            assert_eq!(s.used, q.usage(&s.scope), "{} at step {step}", s.scope);
+            assert!(
+                !s.used.is_empty() || s.waiting > 0,
+                "{} listed idle",
+                s.scope
+            );
+        }
         let scopes = OWNERS
             .iter()
             .map(|o| owner(o))

@@ -54,6 +54,9 @@ pub enum Cmd {
     Logs(LogsArgs),
     /// List executors.
     Nodes(ClientArgs),
+    /// Show quota: the limits in force, usage per owner and repo, and the jobs waiting for
+    /// quota with what holds each up.
+    Quota(QuotaArgs),
     /// Manage quarantined executors.
     Quarantine {
         /// What to do.
@@ -415,6 +418,11 @@ pub struct MillArgs {
     /// Data directory (SQLite store, job logs, token).
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
+    /// The mill's config file (TOML): quota limits per owner and repo (`[quota.defaults.owner]`,
+    /// `[quota.owner."alice"]`, …; see README "Quota"). Checked at start: a bad file stops the
+    /// mill before it listens, naming the key and the value.
+    #[arg(long, env = "MILLRACE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Where executors connect.
     #[arg(
         long,
@@ -529,6 +537,11 @@ pub struct StandaloneArgs {
     /// Data directory (mill store, credentials, the local executor's store under executor/).
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
+    /// The mill's config file (TOML): quota limits per owner and repo (`[quota.defaults.owner]`,
+    /// `[quota.owner."alice"]`, …; see README "Quota"). Checked at start: a bad file stops the
+    /// mill before it listens, naming the key and the value.
+    #[arg(long, env = "MILLRACE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Where the HTTP API listens.
     #[arg(long, env = "MILLRACE_HTTP_LISTEN", default_value = "127.0.0.1:7070")]
     pub http_listen: String,
@@ -699,6 +712,20 @@ pub struct JobsArgs {
     /// Every job: follow the list's `next` cursor page by page.
     #[arg(long)]
     pub all: bool,
+    /// Server and token.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `millrace quota`.
+#[derive(Debug, Clone, Args)]
+pub struct QuotaArgs {
+    /// At most this many entries per list (overrides, scopes, waiting jobs); 1 to 1000.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Print the API's JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
     /// Server and token.
     #[command(flatten)]
     pub client: ClientArgs,

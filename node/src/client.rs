@@ -1,4 +1,5 @@
-//! The HTTP API's command-line clients: submit, status, cancel, jobs, nodes, quarantine lift.
+//! The HTTP API's command-line clients: submit, status, cancel, jobs, nodes, quota,
+//! quarantine lift.
 
 use std::io::Write;
 use std::path::Path;
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{ClientArgs, JobArgs, JobsArgs, LogsArgs, SubmitArgs};
+use crate::cli::{ClientArgs, JobArgs, JobsArgs, LogsArgs, QuotaArgs, SubmitArgs};
 
 /// A failed client command; the message is for the user.
 #[derive(Debug, thiserror::Error)]
@@ -524,6 +525,23 @@ pub fn nodes(args: &ClientArgs) -> Result<(), ClientError> {
             labels.join(",")
         );
     }
+    Ok(())
+}
+
+/// `millrace quota`: `GET /v1/quota` as tables (or its JSON with `--json`).
+pub fn quota(args: &QuotaArgs) -> Result<(), ClientError> {
+    let c = Client::new(&args.client)?;
+    let (status, v) = c.get(&format!("/v1/quota?limit={}", args.limit))?;
+    if status != 200 {
+        return Err(fail(status, &v));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    let view: crate::quota_view::QuotaView = serde_json::from_value(v)
+        .map_err(|e| ClientError(format!("unexpected answer from /v1/quota: {e}")))?;
+    print!("{}", crate::quota_view::render(&view));
     Ok(())
 }
 

@@ -45,6 +45,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 ..MillTuning::default()
             },
             tls: None,
+            quota: Default::default(),
         },
         clock,
     )

@@ -287,6 +287,7 @@ pub fn router(api: Api, limits: &HttpLimits) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/log", get(log))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/quota", get(quota))
         .route("/v1/nodes/{id}/quarantine/lift", post(lift))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(api.clone(), auth));
@@ -666,10 +667,15 @@ pub struct JobView {
     /// ended and what became of the job (M32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<crate::mill_store::AttemptRow>,
-    /// For a queued job that no executor known to the mill can take: why
-    /// (`waiting: no executor offers engine docker`).
+    /// For a queued job that no executor known to the mill can take, or that waits for
+    /// quota: why (`waiting: no executor offers engine docker`, `waiting for quota: owner
+    /// "alice" jobs 10/10 in use (asks 1)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// For a job waiting for quota (M15, Q2): the scope and resource that hold it up, or the
+    /// earlier waiter it is behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_wait: Option<crate::quota_view::BlockedView>,
 }
 
 fn view(row: &JobRow) -> JobView {
@@ -723,6 +729,7 @@ fn view(row: &JobRow) -> JobView {
         resources: row.spec.resources.clone(),
         attempts: Vec::new(),
         waiting: None,
+        quota_wait: None,
     }
 }
 
@@ -795,7 +802,12 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
     };
     let mut v = view(&row);
     if matches!(row.state, JobState::Queued) {
-        if let Some(nodes) = api.mill.nodes().await {
+        // M15: a job waiting for quota says which scope and resource hold it up; otherwise
+        // a job no known executor can take says why.
+        if let Some(wait) = api.mill.quota_wait(job).await {
+            v.waiting = Some(format!("waiting for quota: {wait}"));
+            v.quota_wait = Some(wait);
+        } else if let Some(nodes) = api.mill.nodes().await {
             v.waiting = unplaceable(
                 &row.spec.engine,
                 &row.spec.labels,
@@ -931,6 +943,47 @@ async fn cancel(
 async fn nodes(State(api): State<Api>) -> Result<Response, ApiError> {
     let nodes = api.mill.nodes().await.ok_or_else(ApiError::unavailable)?;
     Ok(Json(json!({ "nodes": nodes })).into_response())
+}
+
+/// `GET /v1/quota[?limit=N]`: the limits in force, what each scope that holds or waits uses,
+/// and the jobs waiting for quota with what holds each up (§6, Q2, M15). Each list shows at
+/// most `limit` entries (default 100, at most 1,000) and says when it was cut.
+async fn quota(
+    State(api): State<Api>,
+    q: Result<Query<BTreeMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::field(e.status(), e.body_text(), "query"))?;
+    let mut limit = crate::quota_view::DEFAULT_LIMIT;
+    for (k, v) in q {
+        match k.as_str() {
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=crate::quota_view::MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::field(
+                            StatusCode::BAD_REQUEST,
+                            format!("limit {v:?}: must be 1 to {}", crate::quota_view::MAX_LIMIT),
+                            "limit",
+                        )
+                    })?;
+            }
+            other => {
+                return Err(ApiError::field(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}"),
+                    other,
+                ))
+            }
+        }
+    }
+    let view = api
+        .mill
+        .quota(limit)
+        .await
+        .ok_or_else(ApiError::unavailable)?;
+    Ok(Json(view).into_response())
 }
 
 async fn lift(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -214,6 +214,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
             ..MillTuning::default()
         },
         tls: None,
+        quota: Default::default(),
     };
     let mill = node::start_mill(opts, Clock::start())
         .await

@@ -8,6 +8,7 @@
 mod cli;
 mod client;
 mod clock;
+mod config_file;
 mod demo;
 mod exec_driver;
 mod exec_store;
@@ -21,6 +22,7 @@ mod mill_store;
 mod net;
 mod node;
 mod preauth;
+mod quota_view;
 mod shell;
 mod sqlite;
 mod supervisor;
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
             | Cmd::Jobs(_)
             | Cmd::Logs(_)
             | Cmd::Nodes(_)
+            | Cmd::Quota(_)
             | Cmd::Quarantine { .. }
             | Cmd::Demo(_)
     );
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Cmd::Jobs(a) => client(client::jobs(&a)),
         Cmd::Logs(a) => client(client::logs(&a)),
         Cmd::Nodes(a) => client(client::nodes(&a)),
+        Cmd::Quota(a) => client(client::quota(&a)),
         Cmd::Quarantine {
             cmd: QuarantineCmd::Lift { node, client: c },
         } => client(client::lift(&node, &c)),
@@ -157,7 +161,29 @@ fn serve(cmd: Cmd) -> ExitCode {
     }
 }
 
+/// The `--config` file's quota limits (none without one), checked before anything is made
+/// or bound: a bad file stops the start naming the key and the value.
+fn quota_config(
+    file: Option<&std::path::Path>,
+) -> Result<millrace_core::quota::QuotaConfig, String> {
+    let Some(path) = file else {
+        return Ok(Default::default());
+    };
+    let loaded = config_file::load(path).map_err(|e| e.to_string())?;
+    let q = &loaded.quota;
+    tracing::info!(
+        config = %path.display(),
+        owner_defaults = ?q.owner_defaults,
+        repo_defaults = ?q.repo_defaults,
+        owner_overrides = q.owner_overrides.len(),
+        repo_overrides = q.repo_overrides.len(),
+        "quota limits loaded (Q1-Q3, M15)"
+    );
+    Ok(loaded.quota)
+}
+
 async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
+    let quota = quota_config(a.config.as_deref())?;
     let token = match &a.token_file {
         Some(f) => node::read_token(f),
         None => node::ensure_token(&node::executor_token_path(&a.data)),
@@ -178,6 +204,7 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
             timing: a.timing.clone(),
             tuning: a.tuning.clone(),
             tls: mill_tls(&a)?,
+            quota,
         },
         Clock::start(),
     )
@@ -272,6 +299,7 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
 }
 
 async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
+    let quota = quota_config(a.config.as_deref())?;
     let token =
         node::ensure_token(&node::executor_token_path(&a.data)).map_err(|e| e.to_string())?;
     let api_token =
@@ -288,6 +316,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             tuning: a.tuning.clone(),
             // Standalone listens on loopback by default; TLS is for `mill` across machines.
             tls: None,
+            quota,
         },
         clock,
     )

@@ -115,6 +115,20 @@ pub enum MillCmd {
         /// The answer.
         reply: oneshot::Sender<Vec<NodeView>>,
     },
+    /// The quota ledger's limits, usage and waiters, each list cut at `limit` (§6).
+    Quota {
+        /// Most entries per list.
+        limit: usize,
+        /// The answer.
+        reply: oneshot::Sender<crate::quota_view::QuotaView>,
+    },
+    /// What holds a job up, if it waits for quota (M15, Q2).
+    QuotaWait {
+        /// The job.
+        job: JobId,
+        /// The answer.
+        reply: oneshot::Sender<Option<crate::quota_view::BlockedView>>,
+    },
     /// Prometheus text.
     Metrics {
         /// The answer.
@@ -268,6 +282,18 @@ impl MillHandle {
     /// Executors as the mill sees them.
     pub async fn nodes(&self) -> Option<Vec<NodeView>> {
         self.ask(|reply| MillCmd::Nodes { reply }).await
+    }
+
+    /// The quota ledger, each list cut at `limit`.
+    pub async fn quota(&self, limit: usize) -> Option<crate::quota_view::QuotaView> {
+        self.ask(|reply| MillCmd::Quota { limit, reply }).await
+    }
+
+    /// What holds `job` up, if it waits for quota; `None` also when the mill is stopping.
+    pub async fn quota_wait(&self, job: JobId) -> Option<crate::quota_view::BlockedView> {
+        self.ask(|reply| MillCmd::QuotaWait { job, reply })
+            .await
+            .flatten()
     }
 
     /// Prometheus text.
@@ -620,6 +646,12 @@ impl Driver {
             }
             MillCmd::Nodes { reply } => {
                 let _ = reply.send(self.nodes());
+            }
+            MillCmd::Quota { limit, reply } => {
+                let _ = reply.send(crate::quota_view::view(self.mill.quota(), limit));
+            }
+            MillCmd::QuotaWait { job, reply } => {
+                let _ = reply.send(crate::quota_view::job_wait(self.mill.quota(), job));
             }
             MillCmd::Metrics { reply } => {
                 self.metrics.retention_log_files =

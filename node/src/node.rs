@@ -10,6 +10,7 @@ use std::time::Duration;
 use millrace_core::codec::FrameDecoder;
 use millrace_core::executor::{EngineConfig, Executor, ExecutorConfig};
 use millrace_core::mill::{Mill, MillConfig, MillInput};
+use millrace_core::quota::QuotaConfig;
 use millrace_core::{ConnId, NodeId};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -154,6 +155,8 @@ pub struct MillOptions {
     pub tuning: MillTuning,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`); `None`: plain TCP.
     pub tls: Option<crate::tls::MillTlsFiles>,
+    /// Quota limits (`--config`'s `[quota]`, §6); the default limits nothing.
+    pub quota: QuotaConfig,
 }
 
 impl MillOptions {
@@ -173,6 +176,7 @@ impl MillOptions {
             quarantine_strikes: self.tuning.quarantine_strikes,
             executor_token: Some(self.token.clone()),
             max_sessions: self.tuning.max_sessions,
+            quota: self.quota.clone(),
             ..MillConfig::default()
         }
     }

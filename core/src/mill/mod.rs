@@ -1024,7 +1024,7 @@ impl Mill {
         let why = format!(
             "not placed within queue_timeout {:?}: {}",
             self.config.queue_timeout,
-            self.why_waiting(&j.spec, &j.phase)
+            self.why_waiting(job, &j.spec, &j.phase)
         );
         self.finish_job(
             job,
@@ -1037,9 +1037,13 @@ impl Mill {
     }
 
     /// Why no executor has taken a waiting job of `spec`, from the sessions the mill holds.
-    fn why_waiting(&self, spec: &JobSpec, phase: &Phase) -> String {
+    fn why_waiting(&self, job: JobId, spec: &JobSpec, phase: &Phase) -> String {
         if let Phase::QuotaWait { .. } = phase {
-            return format!("waiting for quota of owner {}", spec.identity.owner);
+            // M15, Q2: which scope and resource holds it up.
+            return match self.quota.blocked(job) {
+                Some(blocked) => format!("waiting for quota: {blocked}"),
+                None => format!("waiting for quota of owner {}", spec.identity.owner),
+            };
         }
         if let Phase::Fenced { until } = phase {
             return format!(

@@ -372,6 +372,41 @@ fn m15_quota_temporary_releases_the_seat_waits_and_rebids_when_granted() {
     );
 }
 
+/// M15, Q2: a job waiting for quota is visible in the ledger with what holds it up, and a
+/// queue timeout while it waits says which scope and resource (issue 13 item 5).
+#[test]
+fn m15_a_quota_wait_names_the_full_scope_and_its_queue_timeout_says_so() {
+    let mut h = H::with(MillConfig {
+        queue_timeout: 30 * SEC,
+        ..quota_config(1)
+    });
+    let a = h.ready("a", 0.0);
+    let (_, first_lease) = h.run_on(a, spec());
+    let second = h.submit(spec());
+    let l2 = h.asks(a)[0];
+    h.accept(a, l2, charge(&[("jobs", 1)]));
+    let blocked = h.mill.quota().blocked(second);
+    assert_eq!(
+        blocked,
+        Some(crate::quota::Blocked::Limit {
+            scope: crate::quota::Scope::Owner("acme".into()),
+            resource: "jobs".into(),
+            used: 1,
+            asks: 1,
+            limit: 1,
+        })
+    );
+    h.keep_alive(a, 31 * SEC, &[first_lease]);
+    let t = h.terminal_of(second).expect("ended by its queue timeout");
+    assert_eq!(t.cause, Some(crate::job::TerminalCause::QueueTimeout));
+    let error = t.error.unwrap_or_default();
+    assert!(
+        error.contains("waiting for quota: owner \"acme\" jobs 1/1 in use (asks 1)"),
+        "{error}"
+    );
+    assert!(!h.mill.quota().is_waiting(second), "its wait is dropped");
+}
+
 #[test]
 fn m15_a_rebid_charging_other_resources_releases_both_and_retries() {
     let mut h = H::with(quota_config(2));
