@@ -9,9 +9,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::{start_executor, start_mill, strings, timing, wait_for, Mill, Proc, BIN};
+use common::{cli, start_executor, start_mill, strings, timing, wait_for, Mill, Proc, BIN};
 use serde_json::json;
 
 fn mill(root: &Path, extra: &[&str]) -> Mill {
@@ -35,17 +35,6 @@ fn executor(root: &Path, mill: &Mill, node: &str, seats: u32, extra: &[&str]) ->
         mill.api.ready(node).then_some(())
     });
     p
-}
-
-/// `millrace <args before -->` against `mill`, then the args from `--` on.
-fn cli(mill: &Mill, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args.iter().take_while(|a| **a != "--"))
-        .args(["--server", &mill.addrs.http, "--data"])
-        .arg(&mill.data)
-        .args(args.iter().skip_while(|a| **a != "--"))
-        .output()
-        .unwrap()
 }
 
 /// A shell snippet that blocks until the test creates `dir/go`.

@@ -8,9 +8,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{start_executor, start_mill, strings, timing, wait_for, Mill, Proc, BIN};
+use common::{cli, start_executor, start_mill, strings, timing, wait_for, Mill, Proc};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 
@@ -55,16 +54,6 @@ fn job_rows(mill: &Mill) -> i64 {
     )
     .unwrap();
     db.query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
-        .unwrap()
-}
-
-fn cli(mill: &Mill, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args.iter().take_while(|a| **a != "--"))
-        .args(["--server", &mill.addrs.http, "--data"])
-        .arg(&mill.data)
-        .args(args.iter().skip_while(|a| **a != "--"))
-        .output()
         .unwrap()
 }
 

@@ -282,6 +282,18 @@ impl Api {
     }
 }
 
+/// `millrace <args before -->` against `mill`'s API and data directory (its token), then
+/// the args from `--` on.
+pub fn cli(mill: &Mill, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args.iter().take_while(|a| **a != "--"))
+        .args(["--server", &mill.addrs.http, "--data"])
+        .arg(&mill.data)
+        .args(args.iter().skip_while(|a| **a != "--"))
+        .output()
+        .unwrap()
+}
+
 /// Timers both sides share: seconds, not minutes.
 pub fn timing(grace: &str, silence: &str) -> Vec<String> {
     strings(&[
