@@ -519,13 +519,11 @@ async fn submit(
             ));
         }
     }
-    let node =
-        match b.node {
-            None => None,
-            Some(n) => Some(NodeId::new(n).map_err(|e| {
-                ApiError::field(StatusCode::BAD_REQUEST, format!("node: {e}"), "node")
-            })?),
-        };
+    let node = b
+        .node
+        .map(NodeId::new)
+        .transpose()
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, format!("node: {e}"), "node"))?;
     let retry = RetryPolicy {
         retries: b.retries,
         on: b.retry_on.unwrap_or_else(|| RetryPolicy::default().on),
@@ -742,14 +740,18 @@ pub fn unplaceable(
     pin: Option<&NodeId>,
     nodes: &[crate::mill_driver::NodeView],
 ) -> Option<String> {
-    let live: Vec<_> = nodes.iter().filter(|n| n.state != "quarantined").collect();
     if let Some(pin) = pin {
         // M34: the pinned node is the only candidate.
-        let Some(n) = live.iter().find(|n| n.node == pin.as_str()) else {
+        let Some(n) = nodes.iter().find(|n| n.node == pin.as_str()) else {
             return Some(format!(
                 "waiting: pinned to node {pin}, which is not connected"
             ));
         };
+        if n.state == "quarantined" {
+            return Some(format!(
+                "waiting: pinned to node {pin}, which is quarantined"
+            ));
+        }
         if !n.engines.iter().any(|e| e == engine) {
             return Some(format!(
                 "waiting: pinned to node {pin}, which does not offer engine {engine}"
@@ -768,6 +770,7 @@ pub fn unplaceable(
         }
         return None;
     }
+    let live: Vec<_> = nodes.iter().filter(|n| n.state != "quarantined").collect();
     if live.is_empty() {
         return Some("waiting: no executor is connected".into());
     }
@@ -1237,5 +1240,32 @@ mod tests {
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));
         assert!(!constant_time_eq(b"", b"a"));
+    }
+
+    /// M34: a pinned job's waiting reason names its node and what that node lacks.
+    #[test]
+    fn m34_a_pinned_jobs_waiting_reason_names_its_node() {
+        let node = |name: &str, state: &'static str| crate::mill_driver::NodeView {
+            node: name.into(),
+            state,
+            epoch: None,
+            labels: vec!["gpu".into()],
+            engines: vec!["shell".into()],
+            capacity: 4,
+            leases: 0,
+            running: 0,
+        };
+        let nodes = [node("a", "ready"), node("q", "quarantined")];
+        let pin = |n: &str| NodeId::new(n).unwrap();
+        let none = BTreeSet::new();
+        let why = |engine: &str, labels: &BTreeSet<String>, p: &str| {
+            unplaceable(engine, labels, Some(&pin(p)), &nodes).unwrap_or_default()
+        };
+        assert_eq!(unplaceable("shell", &none, Some(&pin("a")), &nodes), None);
+        assert!(why("shell", &none, "ghost").contains("ghost, which is not connected"));
+        assert!(why("shell", &none, "q").contains("q, which is quarantined"));
+        assert!(why("docker", &none, "a").contains("does not offer engine docker"));
+        let labels: BTreeSet<String> = ["gpu".into(), "arm".into()].into();
+        assert!(why("shell", &labels, "a").ends_with("does not hold the labels arm"));
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{start_executor, start_mill, strings, timing, wait_for, Mill, TIMEOUT};
+use common::{start_mill, start_ready_executor, strings, timing, wait_for, Mill, TIMEOUT};
 use serde_json::{json, Value};
 
 fn write_config(root: &Path, text: &str) -> PathBuf {
@@ -57,15 +57,7 @@ fn m15_a_job_over_its_owner_limit_waits_for_quota_says_why_and_runs_after_the_ho
     let mut extra = strings(&["--config", config.to_str().unwrap()]);
     extra.extend(timing("5s", "2s"));
     let mill = start_mill(root.path(), "127.0.0.1:0", &extra, "info", 0);
-    let _exec = start_executor(
-        root.path(),
-        &mill.addrs.executor,
-        "x1",
-        4,
-        &mill.data.join("token"),
-        &timing("5s", "2s"),
-    );
-    wait_for("x1 ready", || mill.api.ready("x1").then_some(()));
+    let _exec = start_ready_executor(root.path(), &mill, "x1", 4, &timing("5s", "2s"));
 
     // The limits as configured.
     let (s, q) = mill.api.get("/v1/quota");

@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{cli, start_executor, start_mill, strings, timing, wait_for, Mill, Proc, BIN};
+use common::{cli, start_mill, start_ready_executor, strings, timing, wait_for, Mill, Proc, BIN};
 use serde_json::json;
 
 fn mill(root: &Path, extra: &[&str]) -> Mill {
@@ -23,18 +23,7 @@ fn mill(root: &Path, extra: &[&str]) -> Mill {
 fn executor(root: &Path, mill: &Mill, node: &str, seats: u32, extra: &[&str]) -> Proc {
     let mut args = timing("3s", "2s");
     args.extend(strings(extra));
-    let p = start_executor(
-        root,
-        &mill.addrs.executor,
-        node,
-        seats,
-        &mill.data.join("token"),
-        &args,
-    );
-    wait_for(&format!("{node} ready"), || {
-        mill.api.ready(node).then_some(())
-    });
-    p
+    start_ready_executor(root, mill, node, seats, &args)
 }
 
 /// A shell snippet that blocks until the test creates `dir/go`.

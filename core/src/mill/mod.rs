@@ -450,7 +450,7 @@ struct Job {
     /// session lasts they are not asked again if another candidate can be (M13, I9) — an
     /// ask would only hold their seat from jobs they can run.
     incompatible: BTreeMap<NodeId, ConnId>,
-    /// M34: nodes that refused it Transient for a resource, with their `frees` count then:
+    /// M34: nodes that refused it Transient for a resource, with their `frees` mark then:
     /// not asked again until that node frees something (a seat, a lease, a new snapshot),
     /// since until then its answer would be the same. At most one entry per node.
     refused: BTreeMap<NodeId, u64>,
@@ -516,6 +516,9 @@ pub struct Mill {
     placement_dirty: bool,
     /// Bumped on every change that may let a waiting job be placed (M13).
     change_seq: u64,
+    /// M34: counts every chance a node had to free resources, across nodes and sessions, so
+    /// a session's `frees` mark never repeats, not even in a node's next session.
+    free_seq: u64,
     writes: Vec<MillWrite>,
     /// Where this step's outputs begin in `out`: the step's `Persist` goes there, before
     /// every output the step emitted (persist before send), so outputs are moved once.
@@ -561,6 +564,7 @@ impl Mill {
             timers: TimerTable::default(),
             placement_dirty: false,
             change_seq: 0,
+            free_seq: 0,
             writes: Vec::new(),
             step_start: 0,
             out: VecDeque::new(),

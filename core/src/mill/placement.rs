@@ -340,8 +340,9 @@ impl Mill {
 
     /// A seat the mill held on `node` is free again.
     pub(super) fn seat_released(&mut self, node: &NodeId, engine: Option<&str>) {
+        self.free_seq += 1;
         if let Some(s) = self.sessions.get_mut(node) {
-            s.frees += 1;
+            s.frees = self.free_seq;
             if let Some(engine) = engine {
                 free_seat(&mut s.held, engine);
             }
@@ -353,8 +354,9 @@ impl Mill {
     /// the job is gone, as with [`Mill::seat_released`] and no engine). Borrows the engine
     /// name from the job instead of copying it.
     pub(super) fn job_seat_released(&mut self, node: &NodeId, job: JobId) {
+        self.free_seq += 1;
         if let Some(s) = self.sessions.get_mut(node) {
-            s.frees += 1;
+            s.frees = self.free_seq;
             if let Some(j) = self.jobs.get(&job) {
                 free_seat(&mut s.held, &j.spec.engine);
             }

@@ -53,8 +53,9 @@ pub(super) struct Session {
     /// The session's epoch is the node's own word (its Hello), not a restored lease's
     /// (a placeholder, M29): only then are the node's other epochs known to be old.
     pub(super) greeted: bool,
-    /// M34: how many times this node may have freed resources (a seat or lease released,
-    /// a snapshot applied); a job it refused for a resource waits for this to move.
+    /// M34: the mill's `free_seq` when this node last may have freed resources (a seat or
+    /// lease released, a snapshot applied); a job it refused for a resource waits for this
+    /// to move.
     pub(super) frees: u64,
 }
 
@@ -733,7 +734,8 @@ impl Mill {
             }
         }
         s.snapshot = Some((seqno, engines));
-        s.frees += 1;
+        self.free_seq += 1;
+        s.frees = self.free_seq;
         if !s.reconciled && s.awaiting_events.is_none() {
             let epoch = s.epoch;
             // A mark at or below the cursor (an honest executor never sends one below: it

@@ -396,6 +396,28 @@ pub fn start_executor(
     Proc::spawn(&args, fresh_log(root, node), "info")
 }
 
+/// [`start_executor`] with `extra` flags, then waits until the mill has it ready.
+pub fn start_ready_executor(
+    root: &Path,
+    mill: &Mill,
+    node: &str,
+    seats: u32,
+    extra: &[String],
+) -> Proc {
+    let p = start_executor(
+        root,
+        &mill.addrs.executor,
+        node,
+        seats,
+        &mill.data.join("token"),
+        extra,
+    );
+    wait_for(&format!("{node} ready"), || {
+        mill.api.ready(node).then_some(())
+    });
+    p
+}
+
 /// `<root>/<stem>-<i>.log` for the first `i` not yet taken, so a restarted process does not
 /// overwrite the log of the one before it.
 pub fn fresh_log(root: &Path, stem: &str) -> PathBuf {
