@@ -60,6 +60,7 @@ pub const SCHEMA: Schema = Schema {
     file: "executor.db",
     application_id: 0x4d52_4531,
     migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
+    side: crate::syncs::Side::Executor,
 };
 
 /// The outbox encoding this build writes.
@@ -339,7 +340,9 @@ impl ExecStore {
                 }
             }
         }
-        tx.commit().map_err(sq)
+        tx.commit().map_err(sq)?;
+        self.opened.committed();
+        Ok(())
     }
 
     /// Checkpoints the WAL and closes the store.

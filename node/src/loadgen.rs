@@ -279,6 +279,10 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         let _ = done_tx.send(lagged);
     });
     let url = format!("http://{}", mill.http_addr);
+    let syncs_before = (
+        crate::syncs::count(crate::syncs::Side::Mill),
+        crate::syncs::count(crate::syncs::Side::Executor),
+    );
     let started = Instant::now();
     let per = args.jobs.div_ceil(args.concurrency.max(1));
     let rate = args.rate;
@@ -290,14 +294,14 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         threads.push(std::thread::spawn(move || {
             let c = crate::client::Client::with_token(&url, &token);
             let mut sent = Vec::with_capacity(count);
-            let gap = if rate > 0 {
-                Some(Duration::from_secs_f64(conc as f64 / rate as f64))
-            } else {
-                None
-            };
+            // Arrivals are evenly spaced across all submitters: the `i`-th submit of
+            // submitter `t` is arrival `i * conc + t` of the whole run, due at that many
+            // `1 / rate` after the start (not `conc` submits at once every `conc / rate`).
+            let gap = (rate > 0).then(|| Duration::from_secs_f64(1.0 / rate as f64));
             for i in 0..count {
                 if let Some(g) = gap {
-                    let due = started + g * u32::try_from(i).unwrap_or(u32::MAX);
+                    let n = i * conc + t;
+                    let due = started + g.mul_f64(n as f64);
                     let now = Instant::now();
                     if due > now {
                         std::thread::sleep(due - now);
@@ -342,6 +346,10 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     }
     let span = last.saturating_duration_since(started).as_secs_f64();
     let stats = mill.handle.stats().await.unwrap_or_default();
+    let syncs = (
+        crate::syncs::count(crate::syncs::Side::Mill) - syncs_before.0,
+        crate::syncs::count(crate::syncs::Side::Executor) - syncs_before.1,
+    );
     println!(
         "jobs submitted: {} in {:.2} s over HTTP ({} submitters)",
         sent.len(),
@@ -372,7 +380,26 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         stats.commit_mean_us as f64 / 1000.0,
         h.len() as f64 / stats.commits.max(1) as f64
     );
+    let per_job = |n: u64| n as f64 / h.len().max(1) as f64;
+    println!(
+        "syncs: mill {} ({:.2} per job), executor {} ({:.2} per job; fake executors keep no store)",
+        syncs.0,
+        per_job(syncs.0),
+        syncs.1,
+        per_job(syncs.1)
+    );
     let _ = stop_tx.send(true);
     mill.stop().await.map_err(|e| e.to_string())?;
+    // The disk under the store, measured right after the run on the same directory: what
+    // one commit's sync costs at best here.
+    match crate::syncs::probe(dir.path(), 200) {
+        Ok(p) => println!(
+            "disk (same dir, 4 KiB write + fdatasync x{}): p50 {:.3} ms, p99 {:.3} ms",
+            p.samples,
+            p.p50_us as f64 / 1000.0,
+            p.p99_us as f64 / 1000.0
+        ),
+        Err(e) => println!("disk probe failed: {e}"),
+    }
     Ok(())
 }

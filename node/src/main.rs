@@ -26,6 +26,7 @@ mod quota_view;
 mod shell;
 mod sqlite;
 mod supervisor;
+mod syncs;
 mod tls;
 
 use std::process::ExitCode;
@@ -37,8 +38,8 @@ use cli::{Cli, Cmd, LogFormat, QuarantineCmd};
 use clock::Clock;
 use node::{ExecOptions, MillOptions};
 
-fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+fn init_logs(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -71,7 +72,14 @@ fn main() -> ExitCode {
             | Cmd::Demo(_)
     );
     if !quiet || std::env::var_os("RUST_LOG").is_some() {
-        init_logs(cli.log_format);
+        // A bench prints its own results; the mill's per-job lines would only cost time
+        // in the measured process (issue 15).
+        let default = if matches!(cli.cmd, Cmd::Bench(_)) {
+            "warn"
+        } else {
+            "info"
+        };
+        init_logs(cli.log_format, default);
     }
     let client = |r: Result<(), client::ClientError>| match r {
         Ok(()) => ExitCode::SUCCESS,

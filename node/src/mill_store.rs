@@ -122,6 +122,7 @@ pub const SCHEMA: Schema = Schema {
     file: "mill.db",
     application_id: 0x4d52_4d31,
     migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5],
+    side: crate::syncs::Side::Mill,
 };
 
 /// How `attempts.outcome` names an [`AttemptOutcome`].
@@ -492,7 +493,9 @@ impl MillStore {
                 })?;
             }
         }
-        tx.commit().map_err(sq)
+        tx.commit().map_err(sq)?;
+        self.opened.committed();
+        Ok(())
     }
 
     /// One retention batch (issue 11 item 7), in one transaction: deletes at most `limit`
@@ -574,6 +577,7 @@ impl MillStore {
             purged.jobs.push(job);
         }
         tx.commit().map_err(sq)?;
+        self.opened.committed();
         Ok(purged)
     }
 

@@ -77,6 +77,8 @@ pub struct Schema {
     pub application_id: i64,
     /// Migration `i` takes the schema from version `i` to `i + 1`.
     pub migrations: &'static [&'static str],
+    /// Whose syncs its commits are (issue 15 item 4).
+    pub side: crate::syncs::Side,
 }
 
 /// Checkpoints the WAL from its own connection and thread, so that the writer's commits
@@ -90,7 +92,7 @@ pub struct Checkpointer {
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Checkpointer {
-    fn start(path: &Path) -> Result<Self, StoreError> {
+    fn start(path: &Path, side: crate::syncs::Side) -> Result<Self, StoreError> {
         let conn = Connection::open(path).map_err(|source| StoreError::Sqlite {
             path: path.to_path_buf(),
             source,
@@ -101,12 +103,32 @@ impl Checkpointer {
             .name("wal-checkpoint".into())
             .spawn(move || {
                 let _ = conn.execute_batch("PRAGMA busy_timeout=1000;");
+                // (frames in the WAL, frames checkpointed) after the last checkpoint: both
+                // columns are totals for the current WAL, so only growth means copying.
+                let mut last = (0i64, 0i64);
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     rx.recv_timeout(CHECKPOINT_EVERY)
                 {
-                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
-                        tracing::warn!(store = %shown, error = %e, "WAL checkpoint failed");
+                    let row = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                        Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+                    });
+                    match row {
+                        Ok(now) => {
+                            // A WAL that restarted from its start counts from zero again.
+                            let copied = if now.0 < last.0 || now.1 < last.1 {
+                                now.1
+                            } else {
+                                now.1 - last.1
+                            };
+                            if copied > 0 {
+                                // Copying frames syncs the WAL, then the database file.
+                                crate::syncs::add(side, 2);
+                            }
+                            last = now;
+                        }
+                        Err(e) => {
+                            tracing::warn!(store = %shown, error = %e, "WAL checkpoint failed");
+                        }
                     }
                 }
             })
@@ -140,9 +162,16 @@ pub struct Opened {
     pub lock: File,
     /// The database file.
     pub path: PathBuf,
+    /// Whose syncs its commits are.
+    pub side: crate::syncs::Side,
 }
 
 impl Opened {
+    /// Counts the WAL sync of one committed write transaction.
+    pub fn committed(&self) {
+        crate::syncs::add(self.side, 1);
+    }
+
     /// Stops the checkpointer, checkpoints the WAL and closes the connection; the lock goes
     /// last, so no other process opens the store before it is clean.
     pub fn close(mut self) -> Result<(), StoreError> {
@@ -263,12 +292,13 @@ pub fn open(dir: &Path, schema: &Schema) -> Result<Opened, StoreError> {
     if created {
         tracing::info!(store = %path.display(), kind = schema.kind, "created a new store");
     }
-    let checkpointer = Some(Checkpointer::start(&path)?);
+    let checkpointer = Some(Checkpointer::start(&path, schema.side)?);
     Ok(Opened {
         conn,
         checkpointer,
         lock,
         path,
+        side: schema.side,
     })
 }
 
@@ -358,6 +388,7 @@ mod tests {
         file: "t.db",
         application_id: 0x1234,
         migrations: &["CREATE TABLE a (x INTEGER);", "CREATE TABLE b (y INTEGER);"],
+        side: crate::syncs::Side::Executor,
     };
 
     #[test]
