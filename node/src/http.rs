@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 
 use crate::live::{base64_encode, gap_marker, Gap, GapReason, LiveLogs, Piece};
-use crate::logs::{done_marker, read_stored, ReadError};
+use crate::logs::{read_stored, Ending, ReadError};
 use crate::mill_driver::{HandleError, JobEvent, MillHandle};
 use crate::mill_store::{JobRow, MillReader};
 
@@ -49,6 +49,8 @@ pub struct Api {
     pub data: PathBuf,
     /// Live output buffers (E15), filled by the log writer.
     pub live: Arc<Mutex<LiveLogs>>,
+    /// Jobs whose stored log may still lack its last chunks (E15).
+    pub ending: Arc<Ending>,
     /// The longest `timeout_secs` a job may ask for.
     pub max_job_timeout: Duration,
     /// The executor port's pre-`Hello` counters, for `/metrics`.
@@ -1075,13 +1077,14 @@ async fn log(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
-/// E15: one read at `cursor`: from the stored log once it is complete (the `.done` marker),
-/// else from the job's live buffer, else (no buffer: no output yet, or a restarted mill)
-/// from what is stored so far.
+/// E15: one read at `cursor`: from the stored log once it is complete (the job is done in
+/// the store and its `Done` reached the log writer, [`Ending`]), else from the job's live
+/// buffer, else (no buffer: no output yet, or a restarted mill) from what is stored so far.
 async fn read_piece(api: &Api, job: JobId, cursor: u64, max: usize) -> Result<Piece, ApiError> {
-    let complete = tokio::fs::try_exists(done_marker(&api.data, job))
-        .await
-        .unwrap_or(false);
+    // The store first: the driver marks a job as ending before the step that ends it is
+    // durable, so once the store says done, `ending` tells whether the writer caught up.
+    let done = read(api, move |r| r.is_done(job)).await?;
+    let complete = done && !api.ending.pending(job);
     if !complete {
         let live = api
             .live

@@ -9,9 +9,12 @@
 //!   recorded in `<job>.idx` and served as gaps, never as the zeros a sparse file reads back.
 //! - The writer also feeds the bounded live buffers ([`crate::live::LiveLogs`]) that reads of
 //!   a running job are served from.
-//! - `Done` records the output's end in the index, writes the `.done` marker and drops the
-//!   job's live buffer: from then on reads come from the stored log, whole up to
-//!   [`MAX_JOB_LOG`], with no gap but the holes the mill never got.
+//! - `Done` records the output's end in the index and drops the job's live buffer: from then
+//!   on reads come from the stored log, whole up to [`MAX_JOB_LOG`], with no gap but the holes
+//!   the mill never got. A stored log is complete when its job is done in the store and its
+//!   `Done` is not still on the way to the writer ([`Ending`]); no file marks it, so a job
+//!   without output has no file at all (issue 15: a file created per job cost more CPU than
+//!   the rest of its placement).
 //!
 //! The index is text, one record per line: `lease <lease> <base>` (an attempt's output starts
 //! at stream offset `base`), `hole <from> <to>`, `cut <at>` (too many holes: nothing stored
@@ -78,9 +81,40 @@ pub fn job_log_path(data: &Path, job: JobId) -> PathBuf {
     data.join("logs").join(format!("{}.log", job.get()))
 }
 
-/// The marker written once a finished job's log is complete.
-pub fn done_marker(data: &Path, job: JobId) -> PathBuf {
+/// The marker older builds wrote once a finished job's log was complete; retention still
+/// deletes it.
+fn done_marker(data: &Path, job: JobId) -> PathBuf {
     data.join("logs").join(format!("{}.done", job.get()))
+}
+
+/// Jobs whose end the mill has decided but whose `Done` the writer has not processed yet:
+/// their stored log may still lack its last chunks. The driver adds a job before the step
+/// that ends it is committed, the writer removes it after `Done`; so a reader that sees the
+/// job done in the store and then not here knows the stored log is complete. Bounded by the
+/// writer's queue and the driver's `Done`s waiting for room in it. Empty after a restart:
+/// whatever a crash lost will never come.
+#[derive(Debug, Default)]
+pub struct Ending(Mutex<std::collections::BTreeSet<JobId>>);
+
+impl Ending {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<JobId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The driver decided `job`'s end (before that step is durable).
+    pub fn begin(&self, job: JobId) {
+        self.set().insert(job);
+    }
+
+    /// The writer processed `job`'s `Done`.
+    fn end(&self, job: JobId) {
+        self.set().remove(&job);
+    }
+
+    /// Whether `job`'s `Done` is still on the way: check only after seeing the job done.
+    pub fn pending(&self, job: JobId) -> bool {
+        self.set().contains(&job)
+    }
 }
 
 /// The job log's index (holes, attempts, end).
@@ -216,6 +250,7 @@ struct Writer {
     data: PathBuf,
     open: BTreeMap<JobId, Open>,
     live: Arc<Mutex<LiveLogs>>,
+    ending: Arc<Ending>,
 }
 
 impl Writer {
@@ -237,7 +272,21 @@ impl Writer {
         self.open.get_mut(&job)
     }
 
+    /// Whether `job` has any stored log file: a job this writer has not opened may still
+    /// have output from before a restart.
+    fn stored(&self, job: JobId) -> bool {
+        self.open.contains_key(&job)
+            || job_log_path(&self.data, job).exists()
+            || index_path(&self.data, job).exists()
+    }
+
     fn append(&mut self, job: JobId, lease: LeaseId, offset: u64, bytes: Vec<u8>) {
+        if bytes.is_empty() && offset == 0 && !self.stored(job) {
+            // The end mark of an attempt that wrote nothing, and nothing stored before it:
+            // no byte, no hole, no attempt base to record (issue 15: no files for a job
+            // without output).
+            return;
+        }
         let data = self.data.clone();
         let live = self.live.clone();
         let Some(o) = self.get(job) else {
@@ -288,15 +337,19 @@ impl Writer {
 
     fn done(&mut self, job: JobId) {
         let data = self.data.clone();
-        let end = self.get(job).map(|o| o.end);
+        // A job without output has no log or index (a read of no files is an empty log):
+        // nothing to record.
+        let end = if self.stored(job) {
+            self.get(job).map(|o| o.end)
+        } else {
+            None
+        };
         self.open.remove(&job);
         if let Some(end) = end {
             append_index(&data, job, &format!("end {end}"));
         }
-        // The marker tells readers that every byte the mill got is in.
-        if let Err(e) = File::create(done_marker(&data, job)) {
-            tracing::warn!(%job, error = %e, "cannot mark job log complete");
-        }
+        // Every byte the mill got is in: readers may now take the stored log as whole.
+        self.ending.end(job);
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.finish(job);
         live.remove(job);
@@ -382,6 +435,7 @@ pub fn read_stored(
 pub fn spawn_writer(
     data: PathBuf,
     live: Arc<Mutex<LiveLogs>>,
+    ending: Arc<Ending>,
     events: broadcast::Sender<JobEvent>,
     files_deleted: Arc<AtomicU64>,
 ) -> std::io::Result<(mpsc::Sender<LogMsg>, std::thread::JoinHandle<()>)> {
@@ -394,6 +448,7 @@ pub fn spawn_writer(
                 data,
                 open: BTreeMap::new(),
                 live,
+                ending,
             };
             while let Some(msg) = rx.blocking_recv() {
                 match msg {
@@ -452,6 +507,7 @@ mod tests {
             data: dir.to_path_buf(),
             open: BTreeMap::new(),
             live: Arc::new(Mutex::new(LiveLogs::new(LiveLimits::default()))),
+            ending: Arc::default(),
         }
     }
 
@@ -506,5 +562,27 @@ mod tests {
                 end: 18
             })
         ));
+    }
+
+    #[test]
+    fn e15_a_job_without_output_leaves_no_file_and_reads_as_an_empty_complete_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = writer(dir.path());
+        let (quiet, retried) = (JobId(1), JobId(2));
+        w.ending.begin(quiet);
+        w.append(quiet, LeaseId(1), 0, Vec::new()); // its end mark
+        assert!(w.ending.pending(quiet));
+        w.done(quiet);
+        assert!(!w.ending.pending(quiet), "the writer's Done ends it");
+        let files = std::fs::read_dir(dir.path().join("logs")).unwrap().count();
+        assert_eq!(files, 0);
+        let p = read_stored(dir.path(), quiet, 0, 10, true).unwrap();
+        assert!(p.done && p.bytes.is_empty() && p.gap.is_none() && p.end == 0);
+        // A silent first attempt, then one with output: the output starts at 0.
+        w.append(retried, LeaseId(3), 0, Vec::new());
+        w.append(retried, LeaseId(4), 0, b"out".to_vec());
+        w.append(retried, LeaseId(4), 3, Vec::new());
+        w.done(retried);
+        assert_eq!(pieces(dir.path(), retried), [(None, b"out".to_vec())]);
     }
 }

@@ -24,7 +24,7 @@ use millrace_core::{ConnId, JobId, NodeId};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::clock::{wall_ms, Clock};
-use crate::logs::LogMsg;
+use crate::logs::{Ending, LogMsg};
 use crate::metrics::MillMetrics;
 use crate::mill_store::MillStore;
 use crate::net::ConnOut;
@@ -349,6 +349,8 @@ struct Driver {
     commit_us_total: u64,
     events: broadcast::Sender<JobEvent>,
     logs: mpsc::Sender<LogMsg>,
+    /// Jobs whose end is decided and whose `Done` the log writer has not processed (E15).
+    ending: Arc<Ending>,
     /// A `Shutdown` came in: this step is the last.
     stopping: bool,
     retention: Retention,
@@ -371,7 +373,7 @@ pub fn spawn(
     store: MillStore,
     clock: Clock,
     events: broadcast::Sender<JobEvent>,
-    logs: mpsc::Sender<LogMsg>,
+    (logs, ending): (mpsc::Sender<LogMsg>, Arc<Ending>),
     restored_cursors: std::collections::BTreeMap<
         (NodeId, millrace_core::Epoch),
         millrace_core::Seqno,
@@ -393,6 +395,7 @@ pub fn spawn(
         commit_us_total: 0,
         events,
         logs,
+        ending,
         stopping: false,
         retention,
         retention_due: Instant::now() + RETENTION_EVERY,
@@ -607,6 +610,15 @@ impl Driver {
 
     fn drain(&mut self) {
         while let Some(o) = self.mill.poll_output() {
+            if let MillOutput::JobUpdate {
+                job,
+                state: JobState::Done(_),
+            } = &o
+            {
+                // Before the step is durable: a reader that sees the job done in the store
+                // must find it here until the log writer has its last chunks (E15).
+                self.ending.begin(*job);
+            }
             self.outs.push(o);
         }
     }
@@ -953,7 +965,7 @@ mod tests {
             store,
             clock,
             events,
-            logs,
+            (logs, Arc::default()),
             BTreeMap::new(),
             Retention::default_policy(),
         )

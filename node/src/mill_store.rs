@@ -898,6 +898,21 @@ impl MillReader {
         raw.map(|r| self.row(r)).transpose()
     }
 
+    /// Whether `id` exists and has ended (a missing job has not).
+    pub fn is_done(&self, id: JobId) -> Result<bool, StoreError> {
+        self.conn
+            .prepare_cached("SELECT done FROM jobs WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row(params![to_i64(id.get())], |r| r.get::<_, i64>(0))
+                    .optional()
+            })
+            .map(|d| d.is_some_and(|d| d != 0))
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     /// A job's status history, oldest first.
     pub fn history(&self, id: JobId) -> Result<Vec<HistoryRow>, StoreError> {
         let sq = |source| StoreError::Sqlite {

@@ -297,9 +297,11 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
             total: opts.tuning.live_log_total,
         },
     )));
+    let ending = Arc::new(crate::logs::Ending::default());
     let (log_tx, logs) = crate::logs::spawn_writer(
         opts.data.clone(),
         live.clone(),
+        ending.clone(),
         events.clone(),
         retention.files_deleted.clone(),
     )
@@ -310,7 +312,7 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         store,
         clock,
         events.clone(),
-        log_tx,
+        (log_tx, ending.clone()),
         restored,
         retention,
     )
@@ -375,6 +377,7 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         events: events.clone(),
         data: opts.data.clone(),
         live,
+        ending,
         max_job_timeout: opts.tuning.max_job_timeout,
         preauth,
     };

@@ -73,8 +73,10 @@ fn metric(mill: &Mill, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
+/// A job with output has its log and its index (attempt base, end); no marker file since
+/// issue 15 (completeness is the store's done flag and the writer's progress, E15).
 fn log_files(mill: &Mill, job: u64) -> usize {
-    ["log", "done"]
+    ["log", "idx"]
         .iter()
         .filter(|ext| mill.data.join(format!("logs/{job}.{ext}")).exists())
         .count()
