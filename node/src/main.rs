@@ -17,6 +17,7 @@ mod live;
 mod loadgen;
 mod logs;
 mod metrics;
+mod mill_commit;
 mod mill_driver;
 mod mill_store;
 mod net;

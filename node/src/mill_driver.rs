@@ -1,14 +1,18 @@
 //! The mill driver: one thread owns the `Mill`. It reads commands from a bounded channel,
-//! calls `handle`, drains `poll_output`, writes every `Persist` of the step in one SQLite
-//! transaction (group commit), then acts on the outputs in order, and sleeps until
-//! `next_deadline`. Client replies are sent only after the step's commit, so a job id is
-//! never handed out before its job is durable.
+//! calls `handle`, drains `poll_output`, hands every `Persist` of its steps to the committer
+//! thread ([`crate::mill_commit`]) as one SQLite transaction (group commit), and acts on the
+//! outputs that follow them only once that commit is durable, in order; then it sleeps until
+//! `next_deadline`. One commit is in flight at a time, and the steps the driver runs while
+//! it is form the next one (pipelined group commit, issue 15): the fsync of step N overlaps
+//! the work of step N+1, and nothing that follows an unsynced write is acted on. Client
+//! replies wait for their step's commit, so a job id is never handed out before its job is
+//! durable.
 //!
-//! Shutdown is a command like any other ([`MillCmd::Shutdown`]), handled between steps by
-//! the thread that owns the store: the step in flight finishes (its group commit, then the
-//! sends after it), every connection is closed after what is queued for it and given a
-//! bounded moment to write it out, and only then is the store closed. Nothing else ever
-//! touches the store, so no close can land in the middle of a commit.
+//! Shutdown is a command like any other ([`MillCmd::Shutdown`]): the commit in flight and
+//! the steps after it are committed and acted on, every connection is closed after what is
+//! queued for it and given a bounded moment to write it out, and only then does the
+//! committer close the store. Nothing else ever touches the store, so no close can land in
+//! the middle of a commit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +30,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::clock::{wall_ms, Clock};
 use crate::logs::{Ending, LogMsg};
 use crate::metrics::MillMetrics;
-use crate::mill_store::MillStore;
+use crate::mill_commit::{Committer, Finished, Work};
+use crate::mill_store::{MillStore, Purged};
 use crate::net::ConnOut;
 use crate::sqlite::StoreError;
 
@@ -211,6 +216,9 @@ pub enum DriverError {
     /// A group commit failed; the process must stop (persist before acting).
     #[error("mill store write failed: {0}")]
     Store(#[from] StoreError),
+    /// The committer thread ended without answering (it panicked).
+    #[error("the mill's commit thread is gone")]
+    CommitterGone,
 }
 
 /// A cheap handle to the mill driver.
@@ -307,6 +315,7 @@ impl MillHandle {
     }
 }
 
+/// A client answer computed in a step and sent once that step is durable.
 enum Deferred {
     Submit(
         oneshot::Sender<Result<Submitted, RequestError>>,
@@ -316,6 +325,28 @@ enum Deferred {
         oneshot::Sender<Result<(), RequestError>>,
         Result<(), RequestError>,
     ),
+    /// A read of state that may include writes not yet durable (leases, quota holds).
+    Read(Box<dyn FnOnce() + Send>),
+}
+
+impl Deferred {
+    fn send(self) {
+        match self {
+            Deferred::Submit(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Deferred::Done(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Deferred::Read(reply) => reply(),
+        }
+    }
+}
+
+/// The outputs that follow the commit in flight, and the answers of its steps.
+struct Flight {
+    rest: Vec<MillOutput>,
+    deferred: Vec<Deferred>,
 }
 
 /// What an executor hears when the mill closes its connection: the reason and the mill's
@@ -339,10 +370,18 @@ fn close_notice(reason: &str, c: &millrace_core::mill::MillConfig) -> String {
 /// The driver's state; lives on its own thread.
 struct Driver {
     mill: Mill,
-    store: MillStore,
+    committer: Committer,
+    /// The committer's answers, in the order of the work.
+    finished: mpsc::UnboundedReceiver<Finished>,
+    /// The commit in flight and what waits for it.
+    inflight: Option<Flight>,
+    /// A retention batch is queued or running on the committer.
+    purging: bool,
     clock: Clock,
     conns: HashMap<ConnId, mpsc::Sender<ConnOut<ToExecutor>>>,
+    /// Outputs of the steps since the last commit was handed over, in order.
     outs: Vec<MillOutput>,
+    /// Their answers.
     deferred: Vec<Deferred>,
     metrics: MillMetrics,
     latency_us: hdrhistogram::Histogram<u64>,
@@ -383,9 +422,14 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(CMD_QUEUE);
     let latency_us = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let (done_tx, finished) = mpsc::unbounded_channel();
+    let committer = Committer::start(store, done_tx)?;
     let driver = Driver {
         mill,
-        store,
+        committer,
+        finished,
+        inflight: None,
+        purging: false,
         clock,
         conns: HashMap::new(),
         outs: Vec::new(),
@@ -424,11 +468,13 @@ impl Driver {
         self.flush()?;
         while !self.stopping {
             // The mill's next deadline, or the next retention batch if that comes first.
-            let wake = self
-                .mill
-                .next_deadline()
-                .map(|t| self.clock.instant_of(t))
-                .map_or(self.retention_due, |d| d.min(self.retention_due));
+            let wake = self.mill.next_deadline().map(|t| self.clock.instant_of(t));
+            let wake = match (wake, self.purging) {
+                (Some(d), true) => d,
+                (Some(d), false) => d.min(self.retention_due),
+                (None, true) => Instant::now() + RETENTION_EVERY,
+                (None, false) => self.retention_due,
+            };
             // `Done`s the log writer could not take yet are offered again soon.
             let wake = if self.done_pending.is_empty() {
                 wake
@@ -436,14 +482,20 @@ impl Driver {
                 wake.min(Instant::now() + DONE_RETRY)
             };
             let sleep = tokio::time::sleep_until(wake.into());
-            let first = tokio::select! {
+            let mut first = None;
+            tokio::select! {
+                biased;
+                f = self.finished.recv() => match f {
+                    Some(f) => self.on_finished(f)?,
+                    None => return Err(DriverError::CommitterGone),
+                },
                 cmd = rx.recv() => match cmd {
-                    Some(c) => Some(c),
+                    Some(c) => first = Some(c),
                     // Every handle is gone: nobody can ask for anything any more.
                     None => break,
                 },
-                () = sleep => None,
-            };
+                () = sleep => {}
+            }
             if let Some(cmd) = first {
                 self.input(cmd);
                 for _ in 1..MAX_STEP_INPUTS {
@@ -461,24 +513,31 @@ impl Driver {
                 self.mill.handle(now, MillInput::Tick);
                 self.drain();
             }
-            // The step's group commit, then its sends: a shutdown waits for both.
+            // Hand the steps' writes over, unless a commit is in flight (they form the
+            // next one, handed over when it is done).
             self.flush()?;
             if !self.done_pending.is_empty() {
                 self.hand_over_done();
             }
-            // Between steps, never inside one: one bounded batch at a time.
-            if !self.stopping && Instant::now() >= self.retention_due {
+            // Between commits, never inside one: one bounded batch at a time.
+            if !self.stopping && !self.purging && Instant::now() >= self.retention_due {
                 self.retention_batch();
             }
         }
+        // The last steps: commit them and act on what follows, a shutdown waits for both.
         self.flush()?;
+        while self.inflight.is_some() || self.purging || !self.outs.is_empty() {
+            match self.finished.recv().await {
+                Some(f) => self.on_finished(f)?,
+                None => return Err(DriverError::CommitterGone),
+            }
+            self.flush()?;
+        }
         // `rx` stays open until the writers are done: a reader whose delivery failed would
         // end its connection and abort the writer with the last sends still queued.
         self.close_connections().await;
         drop(rx);
-        let path = self.store.path().display().to_string();
-        self.store.close()?;
-        tracing::info!(store = %path, "mill store closed");
+        self.committer.close()?;
         Ok(())
     }
 
@@ -505,58 +564,66 @@ impl Driver {
         }
     }
 
-    /// One retention batch (issue 11 item 7): deletes at most [`RETENTION_BATCH`] finished
-    /// jobs with their history in one transaction, then hands their log files to the log
-    /// writer (behind every write of theirs). The core holds no finished job (a terminal
-    /// removes it, M24), only their idempotency keys (M31), which it forgets once the
-    /// store has deleted them with their jobs; the store's rows are checked against it.
+    /// Starts one retention batch (issue 11 item 7) on the committer: it deletes at most
+    /// [`RETENTION_BATCH`] finished jobs with their history in one transaction, between
+    /// commits; [`Driver::purged`] then hands their log files to the log writer (behind
+    /// every write of theirs). The core holds no finished job (a terminal removes it, M24),
+    /// only their idempotency keys (M31), which it forgets once the store has deleted them
+    /// with their jobs.
     fn retention_batch(&mut self) {
+        if !self.hand_over_logs() {
+            // The writer is a batch behind: try again soon.
+            self.retention_due = Instant::now() + RETENTION_CATCH_UP;
+            return;
+        }
+        let max_age_ms = u64::try_from(self.retention.max_age.as_millis()).unwrap_or(u64::MAX);
+        let work = Work::Purge {
+            cutoff_ms: wall_ms().saturating_sub(max_age_ms),
+            keep: self.retention.max_count,
+            limit: RETENTION_BATCH,
+        };
+        self.purging = self.committer.send(work);
+    }
+
+    /// A retention batch ran on the committer.
+    fn purged(&mut self, r: Result<(Purged, Duration), StoreError>) {
+        self.purging = false;
         let mut full = false;
-        if self.hand_over_logs() {
-            let max_age_ms = u64::try_from(self.retention.max_age.as_millis()).unwrap_or(u64::MAX);
-            let cutoff_ms = wall_ms().saturating_sub(max_age_ms);
-            let started = Instant::now();
-            let mill = &self.mill;
-            let result = self.store.purge_finished(
-                cutoff_ms,
-                self.retention.max_count,
-                RETENTION_BATCH,
-                |job| {
-                    let open = mill.job_state(job).is_some();
-                    debug_assert!(!open, "I2: {job} is done in the store but open in the mill");
-                    open
-                },
-            );
-            match result {
-                Ok(purged) => {
-                    self.metrics.retention_batches += 1;
-                    full = purged.jobs.len() >= RETENTION_BATCH;
-                    if !purged.jobs.is_empty() {
-                        let jobs = purged.jobs.len() as u64;
-                        self.metrics.retention_jobs += jobs;
-                        self.metrics.retention_history_rows += purged.history_rows;
-                        // Their keys left the store in the same transaction (M31).
-                        self.mill.forget_keys_of(&purged.jobs);
-                        tracing::info!(
-                            jobs,
-                            history_rows = purged.history_rows,
-                            keys = purged.keys,
-                            took_us =
-                                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                            full,
-                            "retention: deleted finished jobs"
-                        );
-                        self.forget_pending = purged.jobs;
-                        self.hand_over_logs();
+        match r {
+            Ok((purged, took)) => {
+                self.metrics.retention_batches += 1;
+                full = purged.jobs.len() >= RETENTION_BATCH;
+                if !purged.jobs.is_empty() {
+                    for &job in &purged.jobs {
+                        // I2: a job done in the store is done in the mill, which is never
+                        // behind its store.
+                        let open = self.mill.job_state(job).is_some();
+                        debug_assert!(!open, "I2: {job} is done in the store but open in the mill");
+                        if open {
+                            tracing::error!(%job, "retention deleted a job the mill still holds (I2)");
+                        }
                     }
-                }
-                Err(e) => {
-                    // Rolled back; nothing half-deleted. The next batch tries again.
-                    tracing::warn!(error = %e, "retention batch failed; retrying later");
+                    let jobs = purged.jobs.len() as u64;
+                    self.metrics.retention_jobs += jobs;
+                    self.metrics.retention_history_rows += purged.history_rows;
+                    // Their keys left the store in the same transaction (M31).
+                    self.mill.forget_keys_of(&purged.jobs);
+                    tracing::info!(
+                        jobs,
+                        history_rows = purged.history_rows,
+                        keys = purged.keys,
+                        took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+                        full,
+                        "retention: deleted finished jobs"
+                    );
+                    self.forget_pending = purged.jobs;
+                    self.hand_over_logs();
                 }
             }
-        } else {
-            full = true;
+            Err(e) => {
+                // Rolled back; nothing half-deleted. The next batch tries again.
+                tracing::warn!(error = %e, "retention batch failed; retrying later");
+            }
         }
         self.retention_due = Instant::now()
             + if full {
@@ -656,14 +723,24 @@ impl Driver {
                 let r = self.mill.lift_quarantine(now, node);
                 self.deferred.push(Deferred::Done(reply, r));
             }
+            // Reads of leases and quota holds are answered once what they show is durable.
             MillCmd::Nodes { reply } => {
-                let _ = reply.send(self.nodes());
+                let nodes = self.nodes();
+                self.deferred.push(Deferred::Read(Box::new(move || {
+                    let _ = reply.send(nodes);
+                })));
             }
             MillCmd::Quota { limit, reply } => {
-                let _ = reply.send(crate::quota_view::view(self.mill.quota(), limit));
+                let view = crate::quota_view::view(self.mill.quota(), limit);
+                self.deferred.push(Deferred::Read(Box::new(move || {
+                    let _ = reply.send(view);
+                })));
             }
             MillCmd::QuotaWait { job, reply } => {
-                let _ = reply.send(crate::quota_view::job_wait(self.mill.quota(), job));
+                let wait = crate::quota_view::job_wait(self.mill.quota(), job);
+                self.deferred.push(Deferred::Read(Box::new(move || {
+                    let _ = reply.send(wait);
+                })));
             }
             MillCmd::Metrics { reply } => {
                 self.metrics.retention_log_files =
@@ -741,64 +818,103 @@ impl Driver {
         out
     }
 
-    /// Group commit: every `Persist` of the step in one transaction, then the other outputs
-    /// in order, then the deferred client replies.
+    /// Group commit, pipelined: unless a commit is in flight, acts on the outputs before the
+    /// first `Persist` at once (they follow no unsynced write), hands every `Persist` of the
+    /// steps since the last commit to the committer as one transaction, and keeps the
+    /// outputs after the first one, with the steps' answers, until it is durable.
     fn flush(&mut self) -> Result<(), DriverError> {
-        if self.outs.is_empty() && self.deferred.is_empty() {
+        if self.inflight.is_some() || (self.outs.is_empty() && self.deferred.is_empty()) {
             return Ok(());
         }
-        let (batches, rest) = crate::sqlite::split_persists(&mut self.outs, |o| match o {
+        let first = self
+            .outs
+            .iter()
+            .position(|o| matches!(o, MillOutput::Persist(_)));
+        let Some(first) = first else {
+            // No write to wait for: act now, answer now.
+            let outs = std::mem::take(&mut self.outs);
+            for o in outs {
+                self.act(o);
+            }
+            for d in std::mem::take(&mut self.deferred) {
+                d.send();
+            }
+            return Ok(());
+        };
+        let mut outs = std::mem::take(&mut self.outs);
+        let mut tail = outs.split_off(first);
+        for o in outs {
+            self.act(o);
+        }
+        let (batches, rest) = crate::sqlite::split_persists(&mut tail, |o| match o {
             MillOutput::Persist(b) => crate::sqlite::Split::Persist(b),
             other => crate::sqlite::Split::Other(other),
         });
-        if !batches.is_empty() {
-            let started = Instant::now();
-            self.store.apply(&batches, wall_ms())?;
-            let took = started.elapsed();
-            self.metrics.commit_latency.observe(took);
-            self.metrics.batches += 1;
-            self.commit_us_total = self
-                .commit_us_total
-                .saturating_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
-            for b in &batches {
-                for w in &b.writes {
-                    match w {
-                        MillWrite::Cursor { node, epoch, seqno } => {
-                            self.metrics.cursor(node, *epoch, *seqno);
-                        }
-                        MillWrite::CursorDelete { node, epoch } => {
-                            tracing::info!(%node, %epoch, "forgot the cursor of an old epoch");
-                            self.metrics.cursor_forgotten(node, *epoch);
-                        }
-                        MillWrite::Counters { .. }
-                        | MillWrite::JobInsert { .. }
-                        | MillWrite::KeyInsert { .. }
-                        | MillWrite::JobState { .. }
-                        | MillWrite::LeaseUpsert(_)
-                        | MillWrite::Attempt(_)
-                        | MillWrite::LeaseCancel { .. }
-                        | MillWrite::LeaseDelete { .. }
-                        | MillWrite::QuotaHold { .. }
-                        | MillWrite::QuotaRelease { .. }
-                        | MillWrite::Quarantine { .. } => {}
+        // `tail` is empty now: its writes are handed over, the rest waits in the flight.
+        self.outs = tail;
+        for b in &batches {
+            for w in &b.writes {
+                match w {
+                    MillWrite::Cursor { node, epoch, seqno } => {
+                        self.metrics.cursor(node, *epoch, *seqno);
+                    }
+                    MillWrite::CursorDelete { node, epoch } => {
+                        tracing::info!(%node, %epoch, "forgot the cursor of an old epoch");
+                        self.metrics.cursor_forgotten(node, *epoch);
+                    }
+                    MillWrite::Counters { .. }
+                    | MillWrite::JobInsert { .. }
+                    | MillWrite::KeyInsert { .. }
+                    | MillWrite::JobState { .. }
+                    | MillWrite::LeaseUpsert(_)
+                    | MillWrite::Attempt(_)
+                    | MillWrite::LeaseCancel { .. }
+                    | MillWrite::LeaseDelete { .. }
+                    | MillWrite::QuotaHold { .. }
+                    | MillWrite::QuotaRelease { .. }
+                    | MillWrite::Quarantine { .. } => {}
+                }
+            }
+        }
+        if !self.committer.send(Work::Commit {
+            batches,
+            now_ms: wall_ms(),
+        }) {
+            return Err(DriverError::CommitterGone);
+        }
+        self.inflight = Some(Flight {
+            rest,
+            deferred: std::mem::take(&mut self.deferred),
+        });
+        Ok(())
+    }
+
+    /// The committer finished a piece of work: after a commit, acts on what followed it in
+    /// order and answers its steps' clients, then hands over the next group.
+    fn on_finished(&mut self, f: Finished) -> Result<(), DriverError> {
+        match f {
+            Finished::Committed(Ok(took)) => {
+                self.metrics.commit_latency.observe(took);
+                self.metrics.batches += 1;
+                self.commit_us_total = self
+                    .commit_us_total
+                    .saturating_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+                if let Some(flight) = self.inflight.take() {
+                    for o in flight.rest {
+                        self.act(o);
+                    }
+                    for d in flight.deferred {
+                        d.send();
                     }
                 }
+                self.flush()
+            }
+            Finished::Committed(Err(e)) => Err(DriverError::Store(e)),
+            Finished::Purged(r) => {
+                self.purged(r);
+                Ok(())
             }
         }
-        for o in rest {
-            self.act(o);
-        }
-        for d in self.deferred.drain(..) {
-            match d {
-                Deferred::Submit(tx, r) => {
-                    let _ = tx.send(r);
-                }
-                Deferred::Done(tx, r) => {
-                    let _ = tx.send(r);
-                }
-            }
-        }
-        Ok(())
     }
 
     fn act(&mut self, output: MillOutput) {
