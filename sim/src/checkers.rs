@@ -457,10 +457,20 @@ struct FreshOrder {
     /// First asks that passed over an older never-asked job of the same class of another
     /// owner (coverage: M33's owner order decided, not submit order).
     owner_overtakes: u64,
+    /// Jobs first asked for ahead of their insert (M12: an early ask leads its step's
+    /// `Persist`), judged then from the spec the ask carried; their insert adds nothing.
+    asked_early: BTreeSet<JobId>,
 }
 
 impl FreshOrder {
     fn inserted(&mut self, job: JobId, spec: &JobSpec) {
+        if self.asked_early.remove(&job) {
+            return;
+        }
+        self.register(job, spec);
+    }
+
+    fn register(&mut self, job: JobId, spec: &JobSpec) {
         let class: PlaceClass = (
             spec.engine.clone(),
             spec.labels.clone(),
@@ -503,8 +513,12 @@ impl FreshOrder {
         self.forget(job);
     }
 
-    /// A `ReserveSeat` for `job` went out.
-    fn asked(&mut self, job: JobId) -> Result<(), Violation> {
+    /// A `ReserveSeat` for `job` went out; `inserted` says whether its insert is durable.
+    fn asked(&mut self, job: JobId, spec: &JobSpec, inserted: bool) -> Result<(), Violation> {
+        if !inserted && self.asked_early.insert(job) {
+            // M12: the ask leads its job's insert in the same step; judge it as a first ask.
+            self.register(job, spec);
+        }
         let Some((class, owner, key)) = self.jobs.get(&job).cloned() else {
             return Ok(());
         };
@@ -1531,9 +1545,10 @@ impl Checker {
         conn: ConnId,
         msg: &ToExecutor,
     ) -> Result<(), Violation> {
-        if let ToExecutor::ReserveSeat { job, .. } = msg {
+        if let ToExecutor::ReserveSeat { job, spec, .. } = msg {
             // Judged whatever connection it went out on: the mill chose the job.
-            self.order.asked(*job)?;
+            let inserted = self.inserted.contains(job);
+            self.order.asked(*job, spec, inserted)?;
         }
         let Some(exec) = w.exec_of_conn(conn) else {
             return Ok(());

@@ -32,6 +32,9 @@ pub enum Path {
     OldEpochLeaseFailed,
     /// The mill crashed between a `Persist` and the outputs after it.
     CrashAfterPersist,
+    /// The mill crashed after sending a step's early asks and before that step's `Persist`
+    /// was durable (M12): the asks promised nothing, the job may be gone.
+    CrashAfterEarlyAsk,
     /// A job timed out (M18).
     JobTimeout,
     /// A submit was refused for `max_pending` (M10).
@@ -154,7 +157,7 @@ pub enum Path {
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 58] = [
+    pub const ALL: [Path; 59] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -167,6 +170,7 @@ impl Path {
         Path::ReconcileFailedLease,
         Path::OldEpochLeaseFailed,
         Path::CrashAfterPersist,
+        Path::CrashAfterEarlyAsk,
         Path::JobTimeout,
         Path::TooManyPending,
         Path::NoCompatibleExecutor,
@@ -256,6 +260,7 @@ impl Path {
             Path::ReconcileFailedLease => "reconcile failed a lease",
             Path::OldEpochLeaseFailed => "old-epoch lease failed after a wipe",
             Path::CrashAfterPersist => "mill crash between persist and sends",
+            Path::CrashAfterEarlyAsk => "mill crash between early asks and their step's persist",
             Path::JobTimeout => "job timeout",
             Path::TooManyPending => "submit refused: too many pending",
             Path::NoCompatibleExecutor => "no compatible executor",
@@ -322,6 +327,7 @@ impl Path {
             Path::ReconcileFailedLease => "reconcile-failed-lease",
             Path::OldEpochLeaseFailed => "old-epoch-lease-failed",
             Path::CrashAfterPersist => "crash-after-persist",
+            Path::CrashAfterEarlyAsk => "crash-after-early-ask",
             Path::JobTimeout => "job-timeout",
             Path::TooManyPending => "too-many-pending",
             Path::NoCompatibleExecutor => "no-compatible-executor",

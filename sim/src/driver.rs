@@ -1007,16 +1007,28 @@ impl Sim {
         }
         self.step_outputs = outs.len();
         self.step_wrote = false;
-        // Persist before send: at most one Persist, and nothing before it.
+        // Persist before send: at most one Persist, and nothing before it but asks (M12: an
+        // ask's lease id must already be durable, which `mill_send` checks, M30).
         let persists = outs
             .iter()
             .filter(|o| matches!(o, MillOutput::Persist(_)))
             .count();
-        let first_ok = outs
+        let asks_first = outs
             .iter()
-            .position(|o| matches!(o, MillOutput::Persist(_)))
-            .is_none_or(|p| p == 0);
-        if persists > 1 || !first_ok {
+            .take_while(|o| {
+                matches!(
+                    o,
+                    MillOutput::Send {
+                        msg: ToExecutor::ReserveSeat { .. },
+                        ..
+                    }
+                )
+            })
+            .count();
+        let persist_at = outs
+            .iter()
+            .position(|o| matches!(o, MillOutput::Persist(_)));
+        if persists > 1 || persist_at.is_some_and(|p| p > asks_first) {
             self.violate(Violation {
                 rule: "persist-before-send",
                 message: format!(
@@ -1024,16 +1036,23 @@ impl Sim {
                 ),
             });
         }
-        let crash_at = self.w.mill_crash.map(|_| {
-            let after_persist = matches!(outs.first(), Some(MillOutput::Persist(_)));
-            crash_point(&mut self.process, outs.len(), after_persist)
+        let crash_at = self.w.mill_crash.map(|_| match persist_at {
+            // Early asks out, the step's write not yet durable: the boundary M12 is about.
+            Some(p) if p > 0 && self.process.chance(0.5) => p,
+            Some(p) if p > 0 => p + crash_point(&mut self.process, outs.len() - p, true),
+            _ => {
+                let after_persist = persist_at == Some(0);
+                crash_point(&mut self.process, outs.len(), after_persist)
+            }
         });
         let mut crashed = false;
         for (k, o) in outs.drain(..).enumerate() {
             if crash_at == Some(k) {
                 crashed = true;
-                if k == 1 {
-                    self.cov.hit(Path::CrashAfterPersist);
+                match persist_at {
+                    Some(p) if k == p + 1 => self.cov.hit(Path::CrashAfterPersist),
+                    Some(p) if k == p && p > 0 => self.cov.hit(Path::CrashAfterEarlyAsk),
+                    _ => {}
                 }
                 break;
             }

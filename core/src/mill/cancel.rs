@@ -5,7 +5,6 @@ use super::{
 };
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
 use crate::types::{JobId, LeaseId, Time};
-use crate::wire::ToExecutor;
 
 use super::RequestError;
 
@@ -69,7 +68,7 @@ impl Mill {
                 let conn = self.sessions.get(&node).and_then(|s| s.conn);
                 match (committing, conn) {
                     (true, Some(_)) => self.send_cancel(&node, lease, why),
-                    (false, Some(conn)) => self.send(conn, ToExecutor::ReleaseLease { lease }),
+                    (false, Some(conn)) => self.send_release(conn, lease),
                     (_, None) => {} // the next reconcile cancels what the node still holds
                 }
             }

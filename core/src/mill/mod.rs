@@ -520,9 +520,20 @@ pub struct Mill {
     /// a session's `frees` mark never repeats, not even in a node's next session.
     free_seq: u64,
     writes: Vec<MillWrite>,
-    /// Where this step's outputs begin in `out`: the step's `Persist` goes there, before
-    /// every output the step emitted (persist before send), so outputs are moved once.
+    /// Where this step's outputs begin in `out`: the step's `Persist` goes there, after the
+    /// step's early asks and before every other output it emitted (persist before send), so
+    /// outputs are moved once.
     step_start: usize,
+    /// M12: asks at the front of this step's outputs, ahead of its `Persist`. An ask whose
+    /// lease id an earlier step made durable (M30) depends on no write of this step: it
+    /// promises nothing (a reservation the mill forgets is released by M8 or expires, E3),
+    /// so it goes out while the step's writes are being made durable.
+    early: usize,
+    /// The lease floor at the start of the step: ids below it are durable (M30).
+    floor_at_start: LeaseId,
+    /// Connections this step told to release a seat: an ask to them stays behind the
+    /// release, so it cannot find the seat still held.
+    released_to: Vec<ConnId>,
     out: VecDeque<MillOutput>,
 }
 
@@ -567,6 +578,9 @@ impl Mill {
             free_seq: 0,
             writes: Vec::new(),
             step_start: 0,
+            early: 0,
+            floor_at_start: LeaseId(1),
+            released_to: Vec::new(),
             out: VecDeque::new(),
         };
         if let Some(snapshot) = restored {
@@ -666,6 +680,9 @@ impl Mill {
     fn begin_step(&mut self, now: Time) {
         self.now = self.now.max(now);
         self.step_start = self.out.len();
+        self.early = 0;
+        self.floor_at_start = self.lease_floor;
+        self.released_to.clear();
         debug_assert!(self.writes.is_empty(), "a step began with unflushed writes");
     }
 
@@ -785,6 +802,28 @@ impl Mill {
         self.emit(MillOutput::Send { conn, msg });
     }
 
+    /// Tells `conn` to drop the reservation of `lease` (E8); asks to it later in the step
+    /// stay behind this.
+    fn send_release(&mut self, conn: ConnId, lease: LeaseId) {
+        if !self.released_to.contains(&conn) {
+            self.released_to.push(conn);
+        }
+        self.send(conn, ToExecutor::ReleaseLease { lease });
+    }
+
+    /// M12: sends an ask ahead of the step's `Persist` when it depends on none of the step's
+    /// writes — its lease id was durable before the step (M30) and no release to the same
+    /// connection precedes it in the step — else in order like any send.
+    fn send_ask(&mut self, conn: ConnId, lease: LeaseId, msg: ToExecutor) {
+        if lease < self.floor_at_start && !self.released_to.contains(&conn) {
+            self.out
+                .insert(self.step_start + self.early, MillOutput::Send { conn, msg });
+            self.early += 1;
+        } else {
+            self.send(conn, msg);
+        }
+    }
+
     fn observe(&mut self, o: Observation) {
         self.emit(MillOutput::Observed(o));
     }
@@ -818,9 +857,11 @@ impl Mill {
         if !self.writes.is_empty() {
             let writes = std::mem::take(&mut self.writes);
             // Usually at the front (the driver drained the last step), where a deque
-            // inserts without moving anything.
-            self.out
-                .insert(self.step_start, MillOutput::Persist(MillBatch { writes }));
+            // inserts without moving anything; behind the step's early asks (M12).
+            self.out.insert(
+                self.step_start + self.early,
+                MillOutput::Persist(MillBatch { writes }),
+            );
         }
         self.debug_check_timers();
     }

@@ -600,8 +600,9 @@ impl Mill {
         let lease = self.alloc_lease();
         let deadline = self.now.plus(self.config.bid_timeout);
         self.seat_taken(&node, &spec.engine);
-        self.send(
+        self.send_ask(
             conn,
+            lease,
             ToExecutor::ReserveSeat {
                 lease,
                 job,
@@ -637,7 +638,7 @@ impl Mill {
     /// Tells `node` to drop a reservation, if it is connected.
     fn release_remote(&mut self, node: &NodeId, lease: LeaseId) {
         if let Some(conn) = self.sessions.get(node).and_then(|s| s.conn) {
-            self.send(conn, ToExecutor::ReleaseLease { lease });
+            self.send_release(conn, lease);
         }
     }
 

@@ -135,13 +135,25 @@ impl H {
     }
 
     /// Drains one step's outputs. Asserts the persist-before-send discipline on every step
-    /// of every test: at most one `Persist`, and nothing that depends on it before it.
+    /// of every test: at most one `Persist`, and nothing that depends on it before it — only
+    /// asks whose lease id is already durable (M12, M30) may lead it.
     fn drain(&mut self) {
         self.out.clear();
         let mut effects_seen = false;
         let mut persists = 0;
         while let Some(o) = self.mill.poll_output() {
             match &o {
+                MillOutput::Send {
+                    msg: ToExecutor::ReserveSeat { lease, .. },
+                    ..
+                } if persists == 0 && !effects_seen => {
+                    assert!(
+                        *lease < self.store.lease_floor,
+                        "an ask ahead of the step's Persist uses lease {lease}, not durable \
+                         below the floor {} (M30)",
+                        self.store.lease_floor
+                    );
+                }
                 MillOutput::Persist(_) => {
                     assert!(
                         !effects_seen,

@@ -173,6 +173,58 @@ fn m12_bid_asks_top_k_in_parallel_and_the_best_acceptance_wins() {
     assert!(matches!(h.mill.job_state(job), Some(JobState::Reserved { lease, .. }) if lease == l0));
 }
 
+/// M12, M30: an ask whose lease id an earlier step made durable leads its step's
+/// `Persist` (it goes out while the job's insert is made durable); an ask that raises the
+/// floor stays behind it, after a restart too (the floor is raised again first).
+#[test]
+fn m12_an_ask_with_a_durable_lease_id_goes_out_ahead_of_its_steps_persist() {
+    let mut h = H::with(MillConfig {
+        top_k: 1,
+        ..config()
+    });
+    let kinds = |h: &H| -> Vec<&'static str> {
+        h.out
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Persist(_) => Some("persist"),
+                MillOutput::Send {
+                    msg: ToExecutor::ReserveSeat { .. },
+                    ..
+                } => Some("ask"),
+                _ => None,
+            })
+            .collect()
+    };
+    let a = h.ready("a", 0.0);
+    // The first ask raises the lease floor: its id is durable only with the step's write.
+    h.submit(spec());
+    assert_eq!(kinds(&h), ["persist", "ask"]);
+    assert_eq!(h.asks(a).len(), 1);
+    // The next ask's id lies below the durable floor: it leads the job's insert.
+    let second = h.submit(spec());
+    assert_eq!(kinds(&h), ["ask", "persist"]);
+    assert!(h
+        .writes()
+        .iter()
+        .any(|w| matches!(w, MillWrite::JobInsert { job, .. } if *job == second)));
+    // A restarted mill resumes above the last durable block: its first asks (the restored
+    // jobs', once `a` is back) raise the floor again and wait for that write.
+    h.restart();
+    h.advance(SEC);
+    let a = h.ready("a", 0.0);
+    assert!(
+        !h.asks(a).is_empty(),
+        "the restored jobs are asked for again"
+    );
+    let k = kinds(&h);
+    let first_ask = k.iter().position(|k| *k == "ask");
+    let persist = k.iter().position(|k| *k == "persist");
+    assert!(
+        first_ask.is_none() || persist < first_ask,
+        "after a restart no ask leads the write of its lease floor: {k:?}"
+    );
+}
+
 #[test]
 fn m12_best_ranked_acceptance_decides_without_waiting_for_worse_asks() {
     let mut h = H::new();
