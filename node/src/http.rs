@@ -552,20 +552,15 @@ async fn submit(
             spec_field(&e),
         ));
     }
-    let (engine, labels, pin) = (spec.engine.clone(), spec.labels.clone(), spec.node.clone());
     match api.mill.submit_keyed(spec, key).await {
         // M31: the key's existing job, same spec; nothing new was stored.
-        Ok(s) if !s.created => Ok((
+        Ok((s, _)) if !s.created => Ok((
             StatusCode::OK,
             Json(json!({"id": s.job.get(), "existing": true})),
         )
             .into_response()),
-        Ok(s) => {
+        Ok((s, warning)) => {
             let job = s.job;
-            let warning = match api.mill.nodes().await {
-                Some(nodes) => unplaceable(&engine, &labels, pin.as_ref(), &nodes),
-                None => None,
-            };
             let body = match warning {
                 Some(w) => json!({"id": job.get(), "warning": w}),
                 None => json!({"id": job.get()}),

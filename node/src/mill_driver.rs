@@ -96,8 +96,9 @@ pub enum MillCmd {
         spec: JobSpec,
         /// The client's idempotency key, if any (M31).
         key: Option<IdempotencyKey>,
-        /// The answer, after the job (and its key) is durable.
-        reply: oneshot::Sender<Result<Submitted, RequestError>>,
+        /// The answer, after the job (and its key) is durable, with a warning if no
+        /// connected executor could ever take it.
+        reply: oneshot::Sender<Result<(Submitted, Option<String>), RequestError>>,
     },
     /// A client cancels a job.
     Cancel {
@@ -252,16 +253,18 @@ impl MillHandle {
 
     /// Submits a job; the id comes back once the job is durable.
     pub async fn submit(&self, spec: JobSpec) -> Result<JobId, HandleError> {
-        Ok(self.submit_keyed(spec, None).await?.job)
+        Ok(self.submit_keyed(spec, None).await?.0.job)
     }
 
     /// Submits a job under an optional idempotency key (M31): the answer says whether the
     /// job is new or the key's existing one; either way it is durable when it comes back.
+    /// A new job that no connected executor could ever take comes with a warning saying why
+    /// (computed in the same step, so a submit costs one trip to the driver).
     pub async fn submit_keyed(
         &self,
         spec: JobSpec,
         key: Option<IdempotencyKey>,
-    ) -> Result<Submitted, HandleError> {
+    ) -> Result<(Submitted, Option<String>), HandleError> {
         let r = self
             .ask(|reply| MillCmd::Submit { spec, key, reply })
             .await
@@ -318,8 +321,8 @@ impl MillHandle {
 /// A client answer computed in a step and sent once that step is durable.
 enum Deferred {
     Submit(
-        oneshot::Sender<Result<Submitted, RequestError>>,
-        Result<Submitted, RequestError>,
+        oneshot::Sender<Result<(Submitted, Option<String>), RequestError>>,
+        Result<(Submitted, Option<String>), RequestError>,
     ),
     Done(
         oneshot::Sender<Result<(), RequestError>>,
@@ -705,15 +708,31 @@ impl Driver {
             }
             MillCmd::Submit { spec, key, reply } => {
                 let r = self.mill.submit_keyed(now, spec, wall_ms(), key);
+                let mut warning = None;
                 match &r {
-                    Ok(s) if s.created => self.metrics.submitted += 1,
+                    Ok(s) if s.created => {
+                        self.metrics.submitted += 1;
+                        // Only a job no candidate took up can be unplaceable: the node list
+                        // is built for those alone.
+                        if let Some(spec) = self.mill.queued_spec(s.job) {
+                            let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
+                            let pin = spec.node.clone();
+                            warning = crate::http::unplaceable(
+                                &engine,
+                                &labels,
+                                pin.as_ref(),
+                                &self.nodes(),
+                            );
+                        }
+                    }
                     Ok(s) => {
                         self.metrics.submit_replays += 1;
                         tracing::debug!(job = %s.job, "submit: idempotency key names an existing job (M31)");
                     }
                     Err(_) => {}
                 }
-                self.deferred.push(Deferred::Submit(reply, r));
+                self.deferred
+                    .push(Deferred::Submit(reply, r.map(|s| (s, warning))));
             }
             MillCmd::Cancel { job, reason, reply } => {
                 let r = self.mill.cancel(now, job, reason);

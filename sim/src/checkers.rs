@@ -209,6 +209,9 @@ struct Attempts {
     /// From its insert, when its timeout passes at the earliest (M18: a job past it is
     /// never retried).
     timeout_at: Micros,
+    /// A cancel of one of its leases is durable (M26): a job being cancelled is never
+    /// retried (M32), even if the mill crashed before its user heard the cancel accepted.
+    cancel_durable: bool,
 }
 
 /// A durable lease, as the checker saw it written.
@@ -840,8 +843,13 @@ impl Checker {
                     }
                 }
                 MillWrite::Attempt(end) => self.attempt_ended(w, end, ctx)?,
+                MillWrite::LeaseCancel { lease, .. } => {
+                    let job = self.leases.get(lease).map(|r| r.job);
+                    if let Some(a) = job.and_then(|j| self.attempts.get_mut(&j)) {
+                        a.cancel_durable = true;
+                    }
+                }
                 MillWrite::Counters { .. }
-                | MillWrite::LeaseCancel { .. }
                 | MillWrite::QuotaRelease { .. }
                 | MillWrite::QuotaHold { .. } => {}
             }
@@ -951,6 +959,7 @@ impl Checker {
                 if retryable
                     && a.retried < a.policy.retries
                     && !self.cancels.contains_key(&job)
+                    && !a.cancel_durable
                     && w.now < a.timeout_at =>
             {
                 return fail(

@@ -436,3 +436,23 @@ fn m2_a_twin_that_took_over_a_dead_node_id_is_judged_by_that_id() {
         "twin 7000631 no longer asks the twin under exec-3's id"
     );
 }
+
+/// Found by the random budget of `cargo test -p sim` (smoke seed 1357372914): the mill made
+/// a user's cancel of j39 durable and crashed before answering it; restarted, it kept the
+/// cancel (M26, M29) and, when the job then failed on its own, did not retry it (M32: a job
+/// being cancelled is never retried). The M32 check expected a retry because the user never
+/// heard the cancel accepted; it now also counts a cancel that is durable.
+#[test]
+fn m32_a_durable_cancel_the_user_never_heard_of_still_stops_retries() {
+    let lines = replay_clean("smoke", 1357372914);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("persist cancel(l59 cancelled)")),
+        "smoke 1357372914 no longer makes the cancel durable before the crash"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("mill !! crash")),
+        "smoke 1357372914 no longer crashes the mill"
+    );
+}

@@ -732,6 +732,13 @@ impl Mill {
         })
     }
 
+    /// The spec of a job waiting in the queue with no bid going (no candidate took it up
+    /// when it was last tried); `None` for any other job.
+    pub fn queued_spec(&self, job: JobId) -> Option<&JobSpec> {
+        let j = self.jobs.get(&job)?;
+        matches!(j.phase, Phase::Queued).then_some(&j.spec)
+    }
+
     /// Jobs waiting for placement (queued, bidding or waiting for quota) (M10).
     pub fn pending(&self) -> usize {
         self.jobs.len().saturating_sub(self.leases.len())
