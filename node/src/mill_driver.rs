@@ -1176,7 +1176,7 @@ mod tests {
             (first_rx.await, late_rx.await)
         });
         assert!(
-            matches!(first, Ok(Ok(Submitted { job: JobId(1), .. }))),
+            matches!(first, Ok(Ok((Submitted { job: JobId(1), .. }, _)))),
             "{first:?}"
         );
         assert!(
