@@ -772,6 +772,10 @@ pub struct BenchArgs {
     /// Submissions per second in all (0: as fast as the submitters go).
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
+    /// Jobs per request: 1 posts each job to `/v1/jobs`; more post them together to
+    /// `/v1/jobs/batch` (at most 1,000), with `--rate` still counting jobs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch: u16,
 }
 
 #[cfg(test)]

@@ -285,6 +285,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
 pub fn router(api: Api, limits: &HttpLimits) -> Router {
     let protected = Router::new()
         .route("/v1/jobs", post(submit).get(list))
+        .route("/v1/jobs/batch", post(submit_batch))
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/log", get(log))
@@ -493,39 +494,33 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
         .map_err(|e| bad(e.to_string()))
 }
 
-async fn submit(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    let body = body_or_error(body)?;
-    let b: SubmitBody = parse_body(&body)?;
+/// Checks a submission and builds its spec; errors name the field, behind `at` (`jobs[3].`
+/// in a batch).
+fn spec_of(api: &Api, b: SubmitBody, at: &str) -> Result<JobSpec, ApiError> {
+    let field = |name: &str| format!("{at}{name}");
     if b.command.trim().is_empty() {
         return Err(ApiError::field(
             StatusCode::BAD_REQUEST,
             "command must not be empty",
-            "command",
+            field("command"),
         ));
     }
-    no_control("command", &b.command, true)?;
-    no_control("owner", &b.owner, false)?;
-    no_control("repo", &b.repo, false)?;
+    no_control(&field("command"), &b.command, true)?;
+    no_control(&field("owner"), &b.owner, false)?;
+    no_control(&field("repo"), &b.repo, false)?;
     if let Some(secs) = b.timeout_secs {
         let max = api.max_job_timeout.as_secs();
         if secs > max {
             return Err(ApiError::field(
                 StatusCode::BAD_REQUEST,
                 format!("timeout_secs {secs} exceeds the maximum of {max} (--max-job-timeout)"),
-                "timeout_secs",
+                field("timeout_secs"),
             ));
         }
     }
-    let node = b
-        .node
-        .map(NodeId::new)
-        .transpose()
-        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, format!("node: {e}"), "node"))?;
+    let node = b.node.map(NodeId::new).transpose().map_err(|e| {
+        ApiError::field(StatusCode::BAD_REQUEST, format!("node: {e}"), field("node"))
+    })?;
     let retry = RetryPolicy {
         retries: b.retries,
         on: b.retry_on.unwrap_or_else(|| RetryPolicy::default().on),
@@ -549,9 +544,21 @@ async fn submit(
         return Err(ApiError::field(
             StatusCode::BAD_REQUEST,
             e.to_string(),
-            spec_field(&e),
+            field(spec_field(&e)),
         ));
     }
+    Ok(spec)
+}
+
+async fn submit(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let body = body_or_error(body)?;
+    let b: SubmitBody = parse_body(&body)?;
+    let spec = spec_of(&api, b, "")?;
     match api.mill.submit_keyed(spec, key).await {
         // M31: the key's existing job, same spec; nothing new was stored.
         Ok((s, _)) if !s.created => Ok((
@@ -584,6 +591,83 @@ async fn submit(
         Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
         Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
     }
+}
+
+/// Most jobs in one batch submit.
+pub const MAX_BATCH: usize = 1000;
+
+/// A batch submission: jobs of one pipeline, durable together.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// The jobs, each as `POST /v1/jobs` takes it.
+    pub jobs: Vec<SubmitBody>,
+}
+
+/// `POST /v1/jobs/batch`: up to [`MAX_BATCH`] jobs in one request, all made durable in one
+/// group commit before the answer (issue 15: one HTTP exchange and one trip to the driver
+/// for a whole pipeline). Every job is checked first; one bad job refuses the batch with a
+/// 400 naming `jobs[i].field`, and nothing is stored. Then each job is submitted in order and
+/// answered in the same position: `{"id"}` (with `"warning"` if nothing connected could run
+/// it), `{"id", "existing": true}` for a repeat, or `{"error", "status"}` if the mill refused
+/// that one (e.g. 503 past `max_pending`: the jobs before it stand). An `Idempotency-Key`
+/// header keys job `i` as `<key>#<i>` (M31), so a retried batch gets the same ids back.
+async fn submit_batch(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let body = body_or_error(body)?;
+    let b: BatchBody = parse_body(&body)?;
+    if b.jobs.is_empty() || b.jobs.len() > MAX_BATCH {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "jobs: 1 to {MAX_BATCH} jobs per batch, got {}",
+                b.jobs.len()
+            ),
+            "jobs",
+        ));
+    }
+    let mut items = Vec::with_capacity(b.jobs.len());
+    for (i, job) in b.jobs.into_iter().enumerate() {
+        let spec = spec_of(&api, job, &format!("jobs[{i}]."))?;
+        let key = match &key {
+            None => None,
+            Some(k) => Some(IdempotencyKey::new(format!("{k}#{i}")).map_err(|e| {
+                ApiError::field(
+                    StatusCode::BAD_REQUEST,
+                    format!("{e} (job {i} of the batch is keyed `<key>#{i}`)"),
+                    IdempotencyKey::FIELD,
+                )
+            })?),
+        };
+        items.push((spec, key));
+    }
+    let answers = api
+        .mill
+        .submit_batch(items)
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    let jobs: Vec<serde_json::Value> = answers
+        .into_iter()
+        .map(|a| match a {
+            Ok((s, _)) if !s.created => json!({"id": s.job.get(), "existing": true}),
+            Ok((s, Some(w))) => json!({"id": s.job.get(), "warning": w}),
+            Ok((s, None)) => json!({"id": s.job.get()}),
+            Err(e) => {
+                let status = match &e {
+                    RequestError::KeyConflict { .. } => StatusCode::CONFLICT,
+                    RequestError::Spec(_) => StatusCode::BAD_REQUEST,
+                    RequestError::TooManyPending { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::CONFLICT,
+                };
+                json!({"error": e.to_string(), "status": status.as_u16()})
+            }
+        })
+        .collect();
+    Ok((StatusCode::OK, Json(json!({ "jobs": jobs }))).into_response())
 }
 
 fn parse_job(id: &str) -> Result<JobId, ApiError> {

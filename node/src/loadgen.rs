@@ -287,6 +287,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let per = args.jobs.div_ceil(args.concurrency.max(1));
     let rate = args.rate;
     let conc = args.concurrency.max(1);
+    let batch = usize::from(args.batch.max(1));
     let mut threads = Vec::new();
     for t in 0..conc {
         let (url, token) = (url.clone(), api_token.clone());
@@ -294,11 +295,12 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         threads.push(std::thread::spawn(move || {
             let c = crate::client::Client::with_token(&url, &token);
             let mut sent = Vec::with_capacity(count);
-            // Arrivals are evenly spaced across all submitters: the `i`-th submit of
-            // submitter `t` is arrival `i * conc + t` of the whole run, due at that many
-            // `1 / rate` after the start (not `conc` submits at once every `conc / rate`).
-            let gap = (rate > 0).then(|| Duration::from_secs_f64(1.0 / rate as f64));
-            for i in 0..count {
+            // Arrivals are evenly spaced across all submitters: the `i`-th request of
+            // submitter `t` is request `i * conc + t` of the whole run, due at that many
+            // `batch / rate` after the start (not `conc` requests at once every `conc / rate`).
+            let gap = (rate > 0).then(|| Duration::from_secs_f64(batch as f64 / rate as f64));
+            let requests = count.div_ceil(batch);
+            for i in 0..requests {
                 if let Some(g) = gap {
                     let n = i * conc + t;
                     let due = started + g.mul_f64(n as f64);
@@ -307,12 +309,31 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
                         std::thread::sleep(due - now);
                     }
                 }
+                let jobs = batch.min(count - i * batch);
                 let t0 = Instant::now();
-                let body = serde_json::json!({"command": "true"});
-                match c.post("/v1/jobs", &body) {
-                    Ok((201, v)) => {
-                        if let Some(id) = v.get("id").and_then(serde_json::Value::as_u64) {
-                            sent.push((JobId(id), t0, t0.elapsed()));
+                let job = serde_json::json!({"command": "true"});
+                if batch == 1 {
+                    match c.post("/v1/jobs", &job) {
+                        Ok((201, v)) => {
+                            if let Some(id) = v.get("id").and_then(serde_json::Value::as_u64) {
+                                sent.push((JobId(id), t0, t0.elapsed()));
+                            }
+                        }
+                        Ok((s, v)) => eprintln!("submit: HTTP {s}: {v}"),
+                        Err(e) => eprintln!("submit: {e}"),
+                    }
+                    continue;
+                }
+                let body = serde_json::json!({"jobs": vec![job; jobs]});
+                match c.post("/v1/jobs/batch", &body) {
+                    Ok((200, v)) => {
+                        let took = t0.elapsed();
+                        let answers = v.get("jobs").and_then(serde_json::Value::as_array);
+                        for a in answers.into_iter().flatten() {
+                            match a.get("id").and_then(serde_json::Value::as_u64) {
+                                Some(id) => sent.push((JobId(id), t0, took)),
+                                None => eprintln!("submit: refused in a batch: {a}"),
+                            }
                         }
                     }
                     Ok((s, v)) => eprintln!("submit: HTTP {s}: {v}"),
@@ -355,10 +376,11 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         crate::syncs::count(crate::syncs::Side::Executor) - syncs_before.1,
     );
     println!(
-        "jobs submitted: {} in {:.2} s over HTTP ({} submitters)",
+        "jobs submitted: {} in {:.2} s over HTTP ({} submitters, {} job(s) per request)",
         sent.len(),
         submitted_in.as_secs_f64(),
-        conc
+        conc,
+        batch
     );
     println!("jobs committed: {} (events lagged: {lagged})", h.len());
     println!(

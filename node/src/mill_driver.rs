@@ -98,7 +98,15 @@ pub enum MillCmd {
         key: Option<IdempotencyKey>,
         /// The answer, after the job (and its key) is durable, with a warning if no
         /// connected executor could ever take it.
-        reply: oneshot::Sender<Result<(Submitted, Option<String>), RequestError>>,
+        reply: oneshot::Sender<SubmitAnswer>,
+    },
+    /// A client submits several jobs at once (`POST /v1/jobs/batch`): each is its own step,
+    /// all share one group commit, and the answers come back in order after it.
+    SubmitBatch {
+        /// The jobs with their idempotency keys.
+        items: Vec<(JobSpec, Option<IdempotencyKey>)>,
+        /// One answer per job, after they are durable.
+        reply: oneshot::Sender<Vec<SubmitAnswer>>,
     },
     /// A client cancels a job.
     Cancel {
@@ -150,6 +158,10 @@ pub enum MillCmd {
     /// dropped (their askers hear that the mill is shutting down).
     Shutdown,
 }
+
+/// What a submit is answered: the job (new or the key's existing one, M31) with a warning
+/// if no connected executor could ever take it, or the mill's refusal.
+pub type SubmitAnswer = Result<(Submitted, Option<String>), RequestError>;
 
 /// One executor as `/v1/nodes` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -272,6 +284,16 @@ impl MillHandle {
         Ok(r?)
     }
 
+    /// Submits jobs together; one answer per job, in order, once they are all durable.
+    pub async fn submit_batch(
+        &self,
+        items: Vec<(JobSpec, Option<IdempotencyKey>)>,
+    ) -> Result<Vec<SubmitAnswer>, HandleError> {
+        self.ask(|reply| MillCmd::SubmitBatch { items, reply })
+            .await
+            .ok_or(HandleError::Unavailable)
+    }
+
     /// Cancels a job.
     pub async fn cancel(&self, job: JobId, reason: String) -> Result<(), HandleError> {
         let r = self
@@ -320,10 +342,8 @@ impl MillHandle {
 
 /// A client answer computed in a step and sent once that step is durable.
 enum Deferred {
-    Submit(
-        oneshot::Sender<Result<(Submitted, Option<String>), RequestError>>,
-        Result<(Submitted, Option<String>), RequestError>,
-    ),
+    Submit(oneshot::Sender<SubmitAnswer>, SubmitAnswer),
+    Batch(oneshot::Sender<Vec<SubmitAnswer>>, Vec<SubmitAnswer>),
     Done(
         oneshot::Sender<Result<(), RequestError>>,
         Result<(), RequestError>,
@@ -336,6 +356,9 @@ impl Deferred {
     fn send(self) {
         match self {
             Deferred::Submit(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Deferred::Batch(tx, r) => {
                 let _ = tx.send(r);
             }
             Deferred::Done(tx, r) => {
@@ -707,32 +730,19 @@ impl Driver {
                 self.mill.handle(now, input);
             }
             MillCmd::Submit { spec, key, reply } => {
-                let r = self.mill.submit_keyed(now, spec, wall_ms(), key);
-                let mut warning = None;
-                match &r {
-                    Ok(s) if s.created => {
-                        self.metrics.submitted += 1;
-                        // Only a job no candidate took up can be unplaceable: the node list
-                        // is built for those alone.
-                        if let Some(spec) = self.mill.queued_spec(s.job) {
-                            let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
-                            let pin = spec.node.clone();
-                            warning = crate::http::unplaceable(
-                                &engine,
-                                &labels,
-                                pin.as_ref(),
-                                &self.nodes(),
-                            );
-                        }
-                    }
-                    Ok(s) => {
-                        self.metrics.submit_replays += 1;
-                        tracing::debug!(job = %s.job, "submit: idempotency key names an existing job (M31)");
-                    }
-                    Err(_) => {}
-                }
-                self.deferred
-                    .push(Deferred::Submit(reply, r.map(|s| (s, warning))));
+                let r = self.submit_one(now, spec, key);
+                self.deferred.push(Deferred::Submit(reply, r));
+            }
+            MillCmd::SubmitBatch { items, reply } => {
+                let answers = items
+                    .into_iter()
+                    .map(|(spec, key)| {
+                        let r = self.submit_one(now, spec, key);
+                        self.drain();
+                        r
+                    })
+                    .collect();
+                self.deferred.push(Deferred::Batch(reply, answers));
             }
             MillCmd::Cancel { job, reason, reply } => {
                 let r = self.mill.cancel(now, job, reason);
@@ -786,6 +796,36 @@ impl Driver {
             }
         }
         self.drain();
+    }
+
+    /// One submit (M31's key, if any): the mill's answer, with the unplaceable warning.
+    fn submit_one(
+        &mut self,
+        now: millrace_core::Time,
+        spec: JobSpec,
+        key: Option<IdempotencyKey>,
+    ) -> SubmitAnswer {
+        let r = self.mill.submit_keyed(now, spec, wall_ms(), key);
+        let mut warning = None;
+        match &r {
+            Ok(s) if s.created => {
+                self.metrics.submitted += 1;
+                // Only a job no candidate took up can be unplaceable: the node list is built
+                // for those alone.
+                if let Some(spec) = self.mill.queued_spec(s.job) {
+                    let (engine, labels) = (spec.engine.clone(), spec.labels.clone());
+                    let pin = spec.node.clone();
+                    warning =
+                        crate::http::unplaceable(&engine, &labels, pin.as_ref(), &self.nodes());
+                }
+            }
+            Ok(s) => {
+                self.metrics.submit_replays += 1;
+                tracing::debug!(job = %s.job, "submit: idempotency key names an existing job (M31)");
+            }
+            Err(_) => {}
+        }
+        r.map(|s| (s, warning))
     }
 
     fn nodes(&self) -> Vec<NodeView> {

@@ -29,15 +29,15 @@ fn start(root: &Path, extra: &[&str], n: usize) -> (Mill, Proc) {
     (mill, exec)
 }
 
-/// POST /v1/jobs with an `Idempotency-Key` header.
-fn submit_keyed(mill: &Mill, key: &str, body: &Value) -> (u16, Value) {
+/// POST `path` with an `Idempotency-Key` header.
+fn post_keyed(mill: &Mill, path: &str, key: &str, body: &Value) -> (u16, Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
         .into();
     let token = common::api_token(&mill.data);
     let mut r = agent
-        .post(format!("{}/v1/jobs", mill.api.base))
+        .post(format!("{}{path}", mill.api.base))
         .header("Authorization", &format!("Bearer {token}"))
         .header("Idempotency-Key", key)
         .send_json(body)
@@ -45,6 +45,11 @@ fn submit_keyed(mill: &Mill, key: &str, body: &Value) -> (u16, Value) {
     let status = r.status().as_u16();
     let text = r.body_mut().read_to_string().unwrap();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// POST /v1/jobs with an `Idempotency-Key` header.
+fn submit_keyed(mill: &Mill, key: &str, body: &Value) -> (u16, Value) {
+    post_keyed(mill, "/v1/jobs", key, body)
 }
 
 fn job_rows(mill: &Mill) -> i64 {
@@ -233,4 +238,78 @@ fn job_list_pages_with_a_cursor() {
     let out = cli(&mill, &["jobs", "--limit", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 3, "header and one page: {text}");
+}
+
+/// Issue 15: `POST /v1/jobs/batch` stores a pipeline's jobs together and answers each in
+/// its position; every job runs once with its own output; a bad job refuses the whole batch
+/// naming `jobs[i].field` and stores nothing; a keyed batch sent again (M31, `<key>#<i>`)
+/// answers the same ids as existing and stores nothing new, across a mill restart too.
+#[test]
+fn a_batch_submit_stores_its_jobs_together_and_a_keyed_retry_gets_the_same_ids() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut mill, _exec) = start(root.path(), &[], 0);
+    let jobs: Vec<Value> = (0..5)
+        .map(|i| json!({"command": format!("echo batch-{i}")}))
+        .collect();
+    // A bad third job: nothing of the batch is stored.
+    let mut bad = jobs.clone();
+    bad[2] = json!({"command": "  "});
+    let before = job_rows(&mill);
+    let (s, v) = mill
+        .api
+        .post("/v1/jobs/batch", &json!({"jobs": bad}).to_string());
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["field"], "jobs[2].command", "{v}");
+    assert_eq!(job_rows(&mill), before, "a refused batch stores nothing");
+    let (s, v) = mill
+        .api
+        .post("/v1/jobs/batch", &json!({"jobs": []}).to_string());
+    assert_eq!((s, v["field"].as_str()), (400, Some("jobs")), "{v}");
+
+    let (s, v) = post_keyed(
+        &mill,
+        "/v1/jobs/batch",
+        "pipeline-7",
+        &json!({"jobs": jobs}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let ids: Vec<u64> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_u64().unwrap_or_else(|| panic!("no id in {a}")))
+        .collect();
+    assert_eq!(ids.len(), 5);
+    assert_eq!(job_rows(&mill), before + 5);
+    for (i, id) in ids.iter().enumerate() {
+        let done = mill.api.wait_done(*id);
+        assert_eq!(done["state"], "success", "{done}");
+        let (s, log) = mill
+            .api
+            .get_raw(&format!("/v1/jobs/{id}/log?follow=false"), true);
+        assert_eq!(s, 200);
+        assert_eq!(
+            log,
+            format!("batch-{i}\n"),
+            "job {id} ran its own command once"
+        );
+    }
+    // The same keyed batch again, after a restart: the same ids, nothing new stored.
+    mill.proc.term();
+    let mill = start_mill(root.path(), "127.0.0.1:0", &timing("5s", "2s"), "info", 1);
+    let (s, v) = post_keyed(
+        &mill,
+        "/v1/jobs/batch",
+        "pipeline-7",
+        &json!({"jobs": jobs}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let again: Vec<(u64, bool)> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["id"].as_u64().unwrap(), a["existing"] == true))
+        .collect();
+    assert_eq!(again, ids.iter().map(|&i| (i, true)).collect::<Vec<_>>());
+    assert_eq!(job_rows(&mill), before + 5);
 }
