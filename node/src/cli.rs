@@ -584,6 +584,10 @@ pub struct DemoArgs {
     /// Seats per executor.
     #[arg(long, default_value_t = 4)]
     pub seats: u32,
+    /// Each job's shell command, instead of the demo's own (which prints where it ran and
+    /// sleeps 0–90 ms); `true` measures what millrace itself costs per job.
+    #[arg(long)]
+    pub command: Option<String>,
 }
 
 /// Where the API is and how to authenticate.

@@ -96,8 +96,13 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let syncs_before = (
+        crate::syncs::count(crate::syncs::Side::Mill),
+        crate::syncs::count(crate::syncs::Side::Executor),
+    );
     let started = Instant::now();
     let mut ids = Vec::with_capacity(args.jobs);
+    let mut batch = Vec::new();
     for i in 0..args.jobs {
         let spec = JobSpec {
             retry: Default::default(),
@@ -111,14 +116,27 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 repo: "demo/app".into(),
             },
             timeout: None,
-            payload: format!(
-                "echo \"job {i} on $(hostname) in $PWD\"; sleep 0.0$(( MILLRACE_JOB_ID % 10 )); test -n \"$MILLRACE_JOB_ID\""
-            )
-            .into_bytes(),
+            payload: match &args.command {
+                Some(c) => c.clone().into_bytes(),
+                None => format!(
+                    "echo \"job {i} on $(hostname) in $PWD\"; sleep 0.0$(( MILLRACE_JOB_ID % 10 )); test -n \"$MILLRACE_JOB_ID\""
+                )
+                .into_bytes(),
+            },
             env: Default::default(),
         };
-        let id = mill.handle.submit(spec).await.map_err(|e| e.to_string())?;
-        ids.push(id);
+        // Submitted in batches (one group commit each), as a pipeline would.
+        batch.push((spec, None));
+        if batch.len() == crate::http::MAX_BATCH || i + 1 == args.jobs {
+            let answers = mill
+                .handle
+                .submit_batch(std::mem::take(&mut batch))
+                .await
+                .map_err(|e| e.to_string())?;
+            for a in answers {
+                ids.push(a.map_err(|e| e.to_string())?.0.job);
+            }
+        }
     }
     let mut ends: BTreeMap<JobId, TerminalStatus> = BTreeMap::new();
     let wanted: std::collections::BTreeSet<JobId> = ids.iter().copied().collect();
@@ -163,6 +181,19 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
         ends.len() as f64 / took.as_secs_f64().max(1e-9),
         ends.len(),
         took.as_secs_f64()
+    );
+    let per_job = |n: u64| n as f64 / ends.len().max(1) as f64;
+    let syncs = (
+        crate::syncs::count(crate::syncs::Side::Mill) - syncs_before.0,
+        crate::syncs::count(crate::syncs::Side::Executor) - syncs_before.1,
+    );
+    println!(
+        "durable syncs: mill {} ({:.2} per job), executors {} ({:.2} per job), and each job's \
+         supervisor syncs its log once",
+        syncs.0,
+        per_job(syncs.0),
+        syncs.1,
+        per_job(syncs.1)
     );
     for e in executors {
         let _ = e.stop().await;

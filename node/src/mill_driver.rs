@@ -263,11 +263,6 @@ impl MillHandle {
         rx.await.ok()
     }
 
-    /// Submits a job; the id comes back once the job is durable.
-    pub async fn submit(&self, spec: JobSpec) -> Result<JobId, HandleError> {
-        Ok(self.submit_keyed(spec, None).await?.0.job)
-    }
-
     /// Submits a job under an optional idempotency key (M31): the answer says whether the
     /// job is new or the key's existing one; either way it is durable when it comes back.
     /// A new job that no connected executor could ever take comes with a warning saying why
@@ -1247,7 +1242,7 @@ mod tests {
             // Answered by a Welcome, which finds the connection gone.
             tx.send(hello(conn)).await.unwrap();
             // A submit is answered after its step's outputs were acted on: the Welcome too.
-            handle.submit(spec()).await.unwrap();
+            handle.submit_keyed(spec(), None).await.unwrap();
             let text = handle.metrics().await.unwrap();
             tx.send(MillCmd::Shutdown).await.unwrap();
             text
