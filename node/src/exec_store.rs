@@ -132,6 +132,8 @@ impl EventV1 {
 /// The executor's store, owned by its driver.
 pub struct ExecStore {
     opened: Opened,
+    /// The connection commits with `synchronous=NORMAL` (the last group needed no sync, E5).
+    lazy: bool,
 }
 
 impl ExecStore {
@@ -139,6 +141,7 @@ impl ExecStore {
     /// loads what it holds.
     pub fn open(dir: &Path) -> Result<(Self, ExecutorSnapshot), StoreError> {
         let mut store = ExecStore {
+            lazy: false,
             opened: sqlite::open(dir, &SCHEMA)?,
         };
         let snap = store.load()?;
@@ -276,6 +279,18 @@ impl ExecStore {
                 reason: format!("encode: {e}"),
             })
         }
+        // E5: a group of only trims and contact marks may be lost to a host crash, so it
+        // does not wait for the disk (WAL with synchronous=NORMAL: written in order, synced
+        // by the next commit that waits); anything else is synced before the step acts.
+        let sync = batches.iter().any(ExecutorBatch::needs_sync);
+        if sync == self.lazy {
+            let mode = if sync { "FULL" } else { "NORMAL" };
+            self.opened
+                .conn
+                .execute_batch(&format!("PRAGMA synchronous={mode};"))
+                .map_err(sq)?;
+            self.lazy = !sync;
+        }
         let tx = self.opened.conn.transaction().map_err(sq)?;
         for batch in batches {
             for write in &batch.writes {
@@ -341,7 +356,9 @@ impl ExecStore {
             }
         }
         tx.commit().map_err(sq)?;
-        self.opened.committed();
+        if sync {
+            self.opened.committed();
+        }
         Ok(())
     }
 

@@ -32,6 +32,9 @@ pub enum Path {
     OldEpochLeaseFailed,
     /// The mill crashed between a `Persist` and the outputs after it.
     CrashAfterPersist,
+    /// An executor's host crashed with writes that had not waited for the disk (E5: trims
+    /// and contact marks), and its store lost them.
+    HostCrashLostUnsyncedWrites,
     /// The mill crashed after sending a step's early asks and before that step's `Persist`
     /// was durable (M12): the asks promised nothing, the job may be gone.
     CrashAfterEarlyAsk,
@@ -157,7 +160,7 @@ pub enum Path {
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 59] = [
+    pub const ALL: [Path; 60] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -171,6 +174,7 @@ impl Path {
         Path::OldEpochLeaseFailed,
         Path::CrashAfterPersist,
         Path::CrashAfterEarlyAsk,
+        Path::HostCrashLostUnsyncedWrites,
         Path::JobTimeout,
         Path::TooManyPending,
         Path::NoCompatibleExecutor,
@@ -261,6 +265,7 @@ impl Path {
             Path::OldEpochLeaseFailed => "old-epoch lease failed after a wipe",
             Path::CrashAfterPersist => "mill crash between persist and sends",
             Path::CrashAfterEarlyAsk => "mill crash between early asks and their step's persist",
+            Path::HostCrashLostUnsyncedWrites => "host crash lost unsynced trims or contact marks",
             Path::JobTimeout => "job timeout",
             Path::TooManyPending => "submit refused: too many pending",
             Path::NoCompatibleExecutor => "no compatible executor",
@@ -328,6 +333,7 @@ impl Path {
             Path::OldEpochLeaseFailed => "old-epoch-lease-failed",
             Path::CrashAfterPersist => "crash-after-persist",
             Path::CrashAfterEarlyAsk => "crash-after-early-ask",
+            Path::HostCrashLostUnsyncedWrites => "host-crash-lost-unsynced-writes",
             Path::JobTimeout => "job-timeout",
             Path::TooManyPending => "too-many-pending",
             Path::NoCompatibleExecutor => "no-compatible-executor",

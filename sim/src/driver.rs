@@ -326,6 +326,7 @@ impl Sim {
                 cfg,
                 exec: None,
                 store: ExecutorSnapshot::fresh(epoch),
+                synced: None,
                 inc: 0,
                 tick_at: None,
                 crash: None,
@@ -361,6 +362,7 @@ impl Sim {
                 cfg,
                 exec: None,
                 store: ExecutorSnapshot::fresh(epoch),
+                synced: None,
                 inc: 0,
                 tick_at: None,
                 crash: None,
@@ -1568,7 +1570,13 @@ impl Sim {
                 }
             }
             ExecutorOutput::Persist(batch) => {
-                self.w.execs[i].store.apply(&batch);
+                let p = &mut self.w.execs[i];
+                if batch.needs_sync() {
+                    p.synced = None;
+                } else if p.synced.is_none() {
+                    p.synced = Some(p.store.clone());
+                }
+                p.store.apply(&batch);
                 let r = self.c.exec_persist(&self.w, i, &batch);
                 self.check(r);
             }
@@ -2414,6 +2422,12 @@ impl Sim {
         if !p.engine.is_empty() {
             self.cov.hit(Path::ExecCrashWithRunningJobs);
         }
+        // E5: writes that did not wait for the disk die with the host, not with the process.
+        if let (true, Some(synced)) = (plan.silent, p.synced.take()) {
+            p.store = synced;
+            self.cov.hit(Path::HostCrashLostUnsyncedWrites);
+        }
+        let p = &mut self.w.execs[i];
         if plan.silent {
             // The host went down with the process: the supervisors and their jobs die too
             // (what a supervisor recorded durably while orphaned stays on disk).

@@ -70,8 +70,12 @@ pub struct ExecProc {
     pub cfg: ExecutorConfig,
     /// The process, when up.
     pub exec: Option<Executor>,
-    /// The durable store: exactly what its `Persist` outputs wrote.
+    /// The store: exactly what its `Persist` outputs wrote.
     pub store: ExecutorSnapshot,
+    /// The store as of its last batch that waited for the disk, while batches that did not
+    /// (E5: only trims and contact marks) were written after it: a crash of the host loses
+    /// those and the store goes back to this.
+    pub synced: Option<ExecutorSnapshot>,
     /// Bumped at every crash, so stale engine reports are dropped.
     pub inc: u32,
     /// The earliest tick event scheduled.

@@ -122,6 +122,25 @@ pub struct ExecutorBatch {
     pub writes: Vec<ExecutorWrite>,
 }
 
+impl ExecutorBatch {
+    /// Whether the batch must be on disk before the driver acts on what follows it (E5).
+    /// Only outbox trims and contact marks may be lost to a crash of the host: a lost trim
+    /// re-sends events the mill acked, which it drops as replays (M20), and a lost contact
+    /// mark makes a restart fence earlier, never later (E12). A batch of nothing else is
+    /// written in order but without waiting for the disk; the next batch that does wait
+    /// makes it durable too.
+    pub fn needs_sync(&self) -> bool {
+        self.writes.iter().any(|w| match w {
+            ExecutorWrite::Trim { .. } | ExecutorWrite::Contact { .. } => false,
+            ExecutorWrite::Append(_)
+            | ExecutorWrite::JobCommitted { .. }
+            | ExecutorWrite::JobStopping { .. }
+            | ExecutorWrite::JobEnded { .. }
+            | ExecutorWrite::Timers(_) => true,
+        })
+    }
+}
+
 /// Why a loaded store was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {

@@ -769,6 +769,68 @@ fn e5_events_are_persisted_before_sent_and_trimmed_on_ack() {
     assert!(outs.is_empty(), "{:?}", names(&outs));
 }
 
+/// E5, issue 15: of the batches one job's life writes, only the trim of its acked events
+/// (and contact marks, E12) may skip the wait for the disk; its commit, its events and its
+/// end may not.
+#[test]
+fn e5_only_trims_and_contact_marks_are_written_without_waiting_for_the_disk() {
+    let mut h = Harness::ready(config());
+    h.reserve(L1, spec("shell"));
+    let mut synced = Vec::new();
+    let mut lazy = Vec::new();
+    let mut sort = |outs: &[ExecutorOutput]| {
+        for o in outs {
+            if let ExecutorOutput::Persist(b) = o {
+                if b.needs_sync() {
+                    synced.extend(b.writes.clone());
+                } else {
+                    lazy.extend(b.writes.clone());
+                }
+            }
+        }
+    };
+    sort(&h.commit(L1));
+    sort(&h.feed(ExecutorInput::JobStarted { lease: L1 }));
+    sort(&h.feed(ExecutorInput::JobExited {
+        lease: L1,
+        status: TerminalStatus::Success,
+        exit_code: Some(0),
+        error: None,
+        log: None,
+    }));
+    sort(&h.mill(ToExecutor::Ack {
+        epoch: EPOCH,
+        up_to: Seqno(2),
+    }));
+    assert!(
+        synced
+            .iter()
+            .any(|w| matches!(w, ExecutorWrite::JobCommitted { .. })),
+        "{synced:?}"
+    );
+    assert_eq!(
+        synced
+            .iter()
+            .filter(|w| matches!(w, ExecutorWrite::Append(_)))
+            .count(),
+        2,
+        "Running and the terminal wait for the disk: {synced:?}"
+    );
+    assert!(synced.contains(&ExecutorWrite::JobEnded { lease: L1 }));
+    assert_eq!(lazy, [ExecutorWrite::Trim { up_to: Seqno(2) }]);
+    let contact = ExecutorBatch {
+        writes: vec![ExecutorWrite::Contact { at: Time::ZERO }],
+    };
+    assert!(!contact.needs_sync());
+    let mixed = ExecutorBatch {
+        writes: vec![
+            ExecutorWrite::Trim { up_to: Seqno(1) },
+            ExecutorWrite::JobEnded { lease: L1 },
+        ],
+    };
+    assert!(mixed.needs_sync(), "a trim with anything else waits");
+}
+
 #[test]
 fn e5_ack_beyond_what_was_sent_or_for_another_epoch_trims_nothing() {
     let mut h = Harness::ready(config());
