@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use millrace_core::job::{
     IdempotencyKey, Identity, JobSpec, JobState, RetryOn, RetryPolicy, SpecError,
 };
-use millrace_core::mill::RequestError;
+use millrace_core::mill::{RequestError, Submitted};
 use millrace_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -560,36 +560,41 @@ async fn submit(
     let b: SubmitBody = parse_body(&body)?;
     let spec = spec_of(&api, b, "")?;
     match api.mill.submit_keyed(spec, key).await {
-        // M31: the key's existing job, same spec; nothing new was stored.
-        Ok((s, _)) if !s.created => Ok((
-            StatusCode::OK,
-            Json(json!({"id": s.job.get(), "existing": true})),
-        )
-            .into_response()),
         Ok((s, warning)) => {
-            let job = s.job;
-            let body = match warning {
-                Some(w) => json!({"id": job.get(), "warning": w}),
-                None => json!({"id": job.get()}),
-            };
-            Ok((StatusCode::CREATED, Json(body)).into_response())
+            let (status, body) = submitted(&s, warning);
+            Ok((status, Json(body)).into_response())
         }
-        Err(HandleError::Refused(e @ RequestError::KeyConflict { .. })) => Err(ApiError::field(
-            StatusCode::CONFLICT,
-            e.to_string(),
-            IdempotencyKey::FIELD,
-        )),
-        Err(HandleError::Refused(RequestError::Spec(e))) => Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            e.to_string(),
-            spec_field(&e),
-        )),
-        Err(HandleError::Refused(e @ RequestError::TooManyPending { .. })) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            e.to_string(),
-        )),
-        Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+        Err(HandleError::Refused(e)) => Err(refused(e)),
         Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
+    }
+}
+
+/// How a job the mill took is answered: 201 with its id (and the unplaceable warning), or
+/// 200 `existing` for an idempotency key's earlier job (M31: nothing new was stored).
+fn submitted(s: &Submitted, warning: Option<String>) -> (StatusCode, serde_json::Value) {
+    match warning {
+        _ if !s.created => (StatusCode::OK, json!({"id": s.job.get(), "existing": true})),
+        Some(w) => (
+            StatusCode::CREATED,
+            json!({"id": s.job.get(), "warning": w}),
+        ),
+        None => (StatusCode::CREATED, json!({"id": s.job.get()})),
+    }
+}
+
+/// How a submit the mill refused is answered.
+fn refused(e: RequestError) -> ApiError {
+    match e {
+        e @ RequestError::KeyConflict { .. } => {
+            ApiError::field(StatusCode::CONFLICT, e.to_string(), IdempotencyKey::FIELD)
+        }
+        RequestError::Spec(e) => {
+            ApiError::field(StatusCode::BAD_REQUEST, e.to_string(), spec_field(&e))
+        }
+        e @ RequestError::TooManyPending { .. } => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+        e => ApiError::new(StatusCode::CONFLICT, e.to_string()),
     }
 }
 
@@ -653,17 +658,10 @@ async fn submit_batch(
     let jobs: Vec<serde_json::Value> = answers
         .into_iter()
         .map(|a| match a {
-            Ok((s, _)) if !s.created => json!({"id": s.job.get(), "existing": true}),
-            Ok((s, Some(w))) => json!({"id": s.job.get(), "warning": w}),
-            Ok((s, None)) => json!({"id": s.job.get()}),
+            Ok((s, warning)) => submitted(&s, warning).1,
             Err(e) => {
-                let status = match &e {
-                    RequestError::KeyConflict { .. } => StatusCode::CONFLICT,
-                    RequestError::Spec(_) => StatusCode::BAD_REQUEST,
-                    RequestError::TooManyPending { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::CONFLICT,
-                };
-                json!({"error": e.to_string(), "status": status.as_u16()})
+                let e = refused(e);
+                json!({"error": e.error, "status": e.status.as_u16(), "field": e.field})
             }
         })
         .collect();
