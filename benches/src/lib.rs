@@ -75,11 +75,23 @@ fn must<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
 }
 
 impl Fleet {
-    /// Builds the fleet: `n` executors with spread-out loads and `seats` seats each.
+    /// Builds the fleet: `n` executors with spread-out loads and `seats` seats each, placing
+    /// by bid (M12), as the saved baselines of these benches did.
     pub fn new(n: usize, seats: u32) -> Self {
+        Self::build(n, seats, false)
+    }
+
+    /// [`Fleet::new`] with direct placement (M35): a submit publishes its lease at once and
+    /// sends `ReserveSeat{direct}` and `CommitLease` together.
+    pub fn direct(n: usize, seats: u32) -> Self {
+        Self::build(n, seats, true)
+    }
+
+    fn build(n: usize, seats: u32, direct: bool) -> Self {
         let now = Time::from_micros(1_000_000);
         let config = MillConfig {
             max_pending: 1_000_000,
+            direct_placement: direct,
             ..MillConfig::default()
         };
         let mill = must(Mill::new(config, None, now), "mill");
@@ -209,6 +221,7 @@ impl Fleet {
 
     /// One full placement cycle: submit → reserve K → every ask accepted → losers released
     /// → commit → committed (running). Returns the running lease and its node's connection.
+    /// With direct placement (M35) the submit's step holds the ask and its commit.
     pub fn place_one(&mut self) -> (ConnId, LeaseId) {
         self.submit();
         let asks: Vec<(ConnId, LeaseId)> = self
@@ -219,7 +232,10 @@ impl Fleet {
                 _ => None,
             })
             .collect();
-        let mut commit = None;
+        let mut commit = self.sends().into_iter().find_map(|(c, m)| match m {
+            ToExecutor::CommitLease { lease, .. } => Some((c, lease)),
+            _ => None,
+        });
         for (conn, lease) in asks {
             self.msg(conn, accept(lease));
             for (c, m) in self.sends() {

@@ -551,6 +551,7 @@ mod tests {
                         .collect(),
                 }),
                 ttl: Duration::from_millis(30_500),
+                direct: true,
             },
             ToExecutor::CommitLease {
                 lease: LeaseId(13),
@@ -719,6 +720,7 @@ mod tests {
             job: JobId(u64::MAX),
             spec: Box::new(spec),
             ttl: Duration::MAX,
+            direct: true,
         };
         let bytes = frame(&msg);
         assert!(

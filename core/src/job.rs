@@ -352,6 +352,14 @@ fn cut(s: &str) -> String {
 }
 
 impl JobSpec {
+    /// The charge an honest executor names for this job's seat (E2): its resources plus
+    /// `jobs: 1`. Direct placement (M35) takes quota for it before any executor answers.
+    pub fn seat_charge(&self) -> Resources {
+        let mut charge = self.resources.clone();
+        charge.insert(crate::types::SEAT_RESOURCE.to_string(), 1);
+        charge
+    }
+
     /// Checks every bound of the spec (issue 2: engine 1–64 chars, ≤ 32 labels of ≤ 64 chars,
     /// resources name → 1..=2^53, timeout > 0, payload ≤ 256 KiB).
     pub fn validate(&self) -> Result<(), SpecError> {

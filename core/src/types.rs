@@ -190,6 +190,9 @@ pub type Resources = std::collections::BTreeMap<String, u64>;
 
 /// Largest resource amount (2^53, so that JSON clients keep it exact).
 pub const MAX_RESOURCE_AMOUNT: u64 = 1 << 53;
+/// The resource every seat charges once (`jobs: 1`), so owner/repo quotas can count jobs
+/// (E2).
+pub const SEAT_RESOURCE: &str = "jobs";
 /// Most resource entries in one request or claim.
 pub const MAX_RESOURCES: usize = 32;
 /// Longest resource, label or engine name.

@@ -19,7 +19,9 @@ use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 /// output (E15: a reader sees bytes that never arrived as a gap, never as continuity).
 /// 5: a job spec carries its retry policy, priority and pinned node (M32–M34), and `Hello`
 /// the executor's stop grace (M32: how long a fenced run may take to stop).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: `ReserveSeat` says whether it is `direct` (M35: its commit follows without waiting for
+/// the answer, so the seat must charge the standard charge, E2).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -250,6 +252,9 @@ pub enum ToExecutor {
         spec: Box<JobSpec>,
         /// Drop the seat if not committed within this (E3).
         ttl: Duration,
+        /// M35: the `CommitLease` follows without waiting for the answer. Accept only with
+        /// the standard charge ([`JobSpec::seat_charge`], E2); refuse otherwise.
+        direct: bool,
     },
     /// Start the reserved job (E4).
     CommitLease {

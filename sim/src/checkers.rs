@@ -336,6 +336,14 @@ pub struct Checker {
     timeouts_inc: u32,
     /// The connection and mill incarnation each `ReserveSeat` went out on.
     ask_conn: BTreeMap<LeaseId, (ConnId, u32)>,
+    /// M35: a `ReserveSeat{direct}` sent in this step whose `CommitLease` has not followed
+    /// yet on its connection.
+    direct_due: Option<(ConnId, LeaseId)>,
+    /// M35: leases the mill asked for directly.
+    direct_asks: BTreeSet<LeaseId>,
+    /// M35: direct asks an executor refused (the executor and the lease): their commit must
+    /// start nothing there (E4).
+    refused_direct: BTreeSet<(usize, LeaseId)>,
     /// Leases the mill sent a `ReleaseLease` or `CancelAttempt` for.
     let_go: BTreeSet<LeaseId>,
     /// Leases an engine runs now.
@@ -407,6 +415,11 @@ fn describe(msg: &ToMill) -> String {
         } => format!("ReserveResult {lease} accepted, resources {resources:?}"),
         other => format!("{other:?}").chars().take(120).collect(),
     }
+}
+
+/// A short description of a mill → executor message, for failures.
+fn describe_down(msg: &ToExecutor) -> String {
+    format!("{msg:?}").chars().take(120).collect()
 }
 
 /// One of `conns` is still open at both ends, from the running mill incarnation (I11).
@@ -517,7 +530,16 @@ impl FreshOrder {
     }
 
     /// A `ReserveSeat` for `job` went out; `inserted` says whether its insert is durable.
-    fn asked(&mut self, job: JobId, spec: &JobSpec, inserted: bool) -> Result<(), Violation> {
+    /// `quota_wait` says whether a job waits in the quota ledger: a direct placement (M35)
+    /// asks quota before any seat, so such a job was taken up without an ask and is not
+    /// passed over; it is judged no more.
+    fn asked(
+        &mut self,
+        job: JobId,
+        spec: &JobSpec,
+        inserted: bool,
+        quota_wait: impl Fn(JobId) -> bool,
+    ) -> Result<(), Violation> {
         if !inserted && self.asked_early.insert(job) {
             // M12: the ask leads its job's insert in the same step; judge it as a first ask.
             self.register(job, spec);
@@ -526,6 +548,18 @@ impl FreshOrder {
             return Ok(());
         };
         let slot = (class, owner);
+        let taken_up: Vec<JobId> = self
+            .by_owner
+            .get(&slot)
+            .into_iter()
+            .flatten()
+            .take_while(|k| **k < key)
+            .map(|k| k.1)
+            .filter(|j| quota_wait(*j))
+            .collect();
+        for j in taken_up {
+            self.forget(j);
+        }
         if let Some(set) = self.by_owner.get(&slot) {
             if let Some(first) = set.first().filter(|f| **f < key) {
                 return fail(
@@ -597,6 +631,9 @@ impl Checker {
             timeouts: BTreeMap::new(),
             timeouts_inc: 0,
             ask_conn: BTreeMap::new(),
+            direct_due: None,
+            direct_asks: BTreeSet::new(),
+            refused_direct: BTreeSet::new(),
             let_go: BTreeSet::new(),
             running: BTreeSet::new(),
             stopped: BTreeSet::new(),
@@ -1546,6 +1583,25 @@ impl Checker {
         Ok(())
     }
 
+    /// M33: the asks of one mill step (`ReserveSeat`s, direct or not), judged before its
+    /// outputs go out, in the order the mill decided them: by lease id, which it allocates
+    /// in that order (M30). Output order is not decision order: an early ask (M12) leads
+    /// the step's `Persist` while a direct ask (M35) decided before it follows it. Judged
+    /// whatever connection each goes out on: the mill chose the job.
+    pub fn step_asks(
+        &mut self,
+        w: &World,
+        asks: &mut [(LeaseId, JobId, &JobSpec)],
+    ) -> Result<(), Violation> {
+        asks.sort_by_key(|a| a.0);
+        let quota_wait = |j: JobId| w.mill.as_ref().is_some_and(|m| m.quota().is_waiting(j));
+        for (_, job, spec) in asks.iter() {
+            let inserted = self.inserted.contains(job);
+            self.order.asked(*job, spec, inserted, quota_wait)?;
+        }
+        Ok(())
+    }
+
     /// A message the mill sends, after the step's `Persist` was applied (persist before
     /// send; I4, I7, I8, M16, M30).
     pub fn mill_send(
@@ -1554,10 +1610,24 @@ impl Checker {
         conn: ConnId,
         msg: &ToExecutor,
     ) -> Result<(), Violation> {
-        if let ToExecutor::ReserveSeat { job, spec, .. } = msg {
-            // Judged whatever connection it went out on: the mill chose the job.
-            let inserted = self.inserted.contains(job);
-            self.order.asked(*job, spec, inserted)?;
+        // M35: a direct ask's commit follows it on its connection before anything else.
+        if let Some((due_conn, due)) = self.direct_due {
+            if due_conn == conn {
+                match msg {
+                    ToExecutor::CommitLease { lease, .. } if *lease == due => {
+                        self.direct_due = None;
+                    }
+                    other => {
+                        return fail(
+                            "M35",
+                            format!(
+                                "ReserveSeat{{direct}} {due} on {conn} was followed by {} instead of its CommitLease",
+                                describe_down(other)
+                            ),
+                        );
+                    }
+                }
+            }
         }
         let Some(exec) = w.exec_of_conn(conn) else {
             return Ok(());
@@ -1565,8 +1635,15 @@ impl Checker {
         let p = &w.execs[exec];
         match msg {
             ToExecutor::ReserveSeat {
-                lease, job, spec, ..
+                lease,
+                job,
+                spec,
+                direct,
+                ..
             } => {
+                if *direct {
+                    self.direct_ask(w, exec, conn, *lease, *job, spec)?;
+                }
                 if *lease >= w.mill_store.lease_floor {
                     return fail(
                         "persist-before-send",
@@ -1670,6 +1747,64 @@ impl Checker {
         Ok(())
     }
 
+    /// M35: a `ReserveSeat{direct}`: published first (M16: its commit follows at once),
+    /// holding quota for exactly the standard charge (E2, M15), and the step's previous
+    /// direct ask already followed by its commit.
+    fn direct_ask(
+        &mut self,
+        w: &World,
+        exec: usize,
+        conn: ConnId,
+        lease: LeaseId,
+        job: JobId,
+        spec: &JobSpec,
+    ) -> Result<(), Violation> {
+        let p = &w.execs[exec];
+        match w.mill_store.leases.get(&lease) {
+            Some(l) if l.node == p.node && l.job == job => {
+                if l.resources != spec.seat_charge() {
+                    return fail(
+                        "M35",
+                        format!(
+                            "direct ask {lease} for {job} published with charge {:?}, not the standard charge {:?} (E2)",
+                            l.resources,
+                            spec.seat_charge()
+                        ),
+                    );
+                }
+            }
+            _ => {
+                return fail(
+                    "persist-before-send",
+                    format!(
+                        "ReserveSeat{{direct}} {lease} to x{exec} before its lease was durable (M35, M16)"
+                    ),
+                );
+            }
+        }
+        if let Some((c, l)) = self.direct_due {
+            return fail(
+                "M35",
+                format!("direct ask {l} on {c} not followed by its CommitLease before direct ask {lease}"),
+            );
+        }
+        self.direct_asks.insert(lease);
+        self.direct_due = Some((conn, lease));
+        Ok(())
+    }
+
+    /// A mill step's outputs are all out (`crashed`: the step was cut short by a crash).
+    /// M35: a direct ask's commit went out in the same step, unless a crash cut it off.
+    pub fn mill_step_end(&mut self, crashed: bool) -> Result<(), Violation> {
+        match self.direct_due.take() {
+            Some((conn, lease)) if !crashed => fail(
+                "M35",
+                format!("ReserveSeat{{direct}} {lease} on {conn} without its CommitLease in the same step"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// The mill quarantined `node` (seen in its output order).
     pub fn quarantine_observed(&mut self, node: &NodeId) {
         self.quarantined.insert(node.clone());
@@ -1710,7 +1845,9 @@ impl Checker {
                 batch_violation(m.cursor(node, *epoch), events, kind, &bad)
             }
             (Expect::Answer { kind, lease }, _) => {
-                let open = m.is_ask(lease) && m.stray(lease).is_none();
+                // An open ask of a bid, or a direct ask (M35) whose answer is still due:
+                // both are judged the same way.
+                let open = (m.is_ask(lease) && m.stray(lease).is_none()) || m.is_direct_ask(lease);
                 let asked_here = w.leases.get(&lease).is_some_and(|l| l.exec == exec);
                 match (open, asked_here, kind) {
                     (false, _, _) => None,
@@ -1897,6 +2034,13 @@ impl Checker {
         let p = &w.execs[exec];
         let epoch = p.store.epoch;
         match msg {
+            ToMill::ReserveResult {
+                lease,
+                accepted: false,
+                ..
+            } if self.direct_asks.contains(lease) => {
+                self.refused_direct.insert((exec, *lease));
+            }
             ToMill::EventBatch { epoch: e, events } => {
                 let h = self.history.get(&(exec, *e));
                 for ev in events {
@@ -2033,6 +2177,14 @@ impl Checker {
     ) -> Result<(), Violation> {
         let p = &w.execs[exec];
         compatible("I7", exec, p, spec, job)?;
+        if self.refused_direct.contains(&(exec, lease)) {
+            return fail(
+                "I1",
+                format!(
+                    "x{exec} started {job} under {lease}, a direct ask it refused: its commit must find no reservation (M35, E4)"
+                ),
+            );
+        }
         if let Some(run) = self.runs.get(&lease) {
             return fail(
                 "I1",

@@ -156,11 +156,17 @@ pub enum Path {
     /// An executor with a free seat turned a job down as Transient because a declared
     /// resource it asks for was not free (E2, M34).
     ResourceRefused,
+    /// An executor refused a direct ask (M35): its commit started nothing and the job was
+    /// bid for.
+    DirectRefused,
+    /// The mill crashed between a direct ask and its commit (M35): the executor holds a
+    /// reservation nobody commits (E3, M29).
+    CrashBetweenDirectAskAndCommit,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 60] = [
+    pub const ALL: [Path; 62] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -221,11 +227,13 @@ impl Path {
         Path::OwnerOvertook,
         Path::PinnedRan,
         Path::ResourceRefused,
+        Path::DirectRefused,
+        Path::CrashBetweenDirectAskAndCommit,
     ];
 
     /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
     /// over the fixed seeds.
-    pub const REQUIRED: [Path; 21] = [
+    pub const REQUIRED: [Path; 22] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -247,6 +255,7 @@ impl Path {
         Path::AdoptedRecordedExit,
         Path::SupervisorFenced,
         Path::SupervisorForeignEpochStop,
+        Path::DirectRefused,
     ];
 
     /// Its name in reports.
@@ -314,6 +323,10 @@ impl Path {
             Path::OwnerOvertook => "an owner with fewer leases went before an older job (M33)",
             Path::PinnedRan => "a pinned job started on its node (M34)",
             Path::ResourceRefused => "a free seat refused: a resource was not free (E2, M34)",
+            Path::DirectRefused => "direct ask refused; its commit started nothing (M35)",
+            Path::CrashBetweenDirectAskAndCommit => {
+                "mill crash between a direct ask and its commit (M35)"
+            }
         }
     }
 
@@ -380,6 +393,8 @@ impl Path {
             Path::OwnerOvertook => "owner-overtook",
             Path::PinnedRan => "pinned-ran",
             Path::ResourceRefused => "resource-refused",
+            Path::DirectRefused => "direct-refused",
+            Path::CrashBetweenDirectAskAndCommit => "crash-between-direct-ask-and-commit",
         }
     }
 
@@ -404,6 +419,7 @@ pub fn rare_name(p: RarePath) -> &'static str {
         RarePath::RestartWithPublishedLeases => "restart-with-published-leases",
         RarePath::ReconcileAwaitedEvents => "reconcile-awaited-events",
         RarePath::FencedRunReported => "fenced-run-reported",
+        RarePath::DirectRefused => "direct-refused",
     }
 }
 
@@ -422,6 +438,7 @@ pub fn from_rare(p: RarePath) -> Option<Path> {
         RarePath::RestartWithPublishedLeases => Path::RestartWithPublishedLeases,
         RarePath::ReconcileAwaitedEvents => Path::ReconcileAwaitedEvents,
         RarePath::FencedRunReported => Path::FencedRunReported,
+        RarePath::DirectRefused => Path::DirectRefused,
     })
 }
 

@@ -287,6 +287,9 @@ impl Sim {
         });
         let mut process = Rng::new(seed, Purpose::Process);
         let mut mill_cfg = scenario.mill_config();
+        if scenario.config.direct_placement.is_none() {
+            mill_cfg.direct_placement = crate::scenario::direct_for_seed(seed);
+        }
         mill_cfg.quota = workload.quota.clone();
         mill_cfg.max_pending = workload.max_pending;
         let n = workload.fleet.len();
@@ -1038,7 +1041,44 @@ impl Sim {
                 ),
             });
         }
+        let mut asks: Vec<(LeaseId, JobId, &JobSpec)> = outs
+            .iter()
+            .filter_map(|o| match o {
+                MillOutput::Send {
+                    msg:
+                        ToExecutor::ReserveSeat {
+                            lease, job, spec, ..
+                        },
+                    ..
+                } => Some((*lease, *job, &**spec)),
+                _ => None,
+            })
+            .collect();
+        if !asks.is_empty() {
+            let overtakes = (self.c.priority_overtakes(), self.c.owner_overtakes());
+            let r = self.c.step_asks(&self.w, &mut asks);
+            self.check(r);
+            for _ in overtakes.0..self.c.priority_overtakes() {
+                self.cov.hit(Path::PriorityOvertook);
+            }
+            for _ in overtakes.1..self.c.owner_overtakes() {
+                self.cov.hit(Path::OwnerOvertook);
+            }
+        }
+        drop(asks);
+        let direct_at = outs.iter().position(|o| {
+            matches!(
+                o,
+                MillOutput::Send {
+                    msg: ToExecutor::ReserveSeat { direct: true, .. },
+                    ..
+                }
+            )
+        });
         let crash_at = self.w.mill_crash.map(|_| match persist_at {
+            // A direct ask out, its commit not (M35): the executor holds a reservation
+            // nobody commits until it expires (E3) or the restarted mill settles it (M29).
+            _ if direct_at.is_some() && self.process.chance(0.3) => direct_at.map_or(0, |d| d + 1),
             // Early asks out, the step's write not yet durable: the boundary M12 is about.
             Some(p) if p > 0 && self.process.chance(0.5) => p,
             Some(p) if p > 0 => p + crash_point(&mut self.process, outs.len() - p, true),
@@ -1048,6 +1088,7 @@ impl Sim {
             }
         });
         let mut crashed = false;
+        let mut after_direct_ask = false;
         for (k, o) in outs.drain(..).enumerate() {
             if crash_at == Some(k) {
                 crashed = true;
@@ -1056,13 +1097,25 @@ impl Sim {
                     Some(p) if k == p && p > 0 => self.cov.hit(Path::CrashAfterEarlyAsk),
                     _ => {}
                 }
+                if after_direct_ask {
+                    self.cov.hit(Path::CrashBetweenDirectAskAndCommit);
+                }
                 break;
             }
             if self.failure.is_some() {
                 break;
             }
+            after_direct_ask = matches!(
+                o,
+                MillOutput::Send {
+                    msg: ToExecutor::ReserveSeat { direct: true, .. },
+                    ..
+                }
+            );
             self.mill_output(o);
         }
+        let r = self.c.mill_step_end(crashed || self.failure.is_some());
+        self.check(r);
         self.mill_outs = outs;
         if crashed || crash_at.is_some() {
             if let Some(plan) = self.w.mill_crash.take() {
@@ -1132,15 +1185,8 @@ impl Sim {
                 }
             }
             MillOutput::Send { conn, msg } => {
-                let overtakes = (self.c.priority_overtakes(), self.c.owner_overtakes());
                 let r = self.c.mill_send(&self.w, conn, &msg);
                 self.check(r);
-                if self.c.priority_overtakes() > overtakes.0 {
-                    self.cov.hit(Path::PriorityOvertook);
-                }
-                if self.c.owner_overtakes() > overtakes.1 {
-                    self.cov.hit(Path::OwnerOvertook);
-                }
                 if let ToExecutor::Welcome { .. } = &msg {
                     self.check_one_session(conn);
                 }
@@ -2115,6 +2161,29 @@ impl Sim {
                     }
                     Payload::ToMill(_) => return,
                 };
+                // M35, E2: an executor that charges more than the standard charge (M14)
+                // refuses a direct ask, whose commit follows without waiting for the answer;
+                // that commit then finds no reservation and starts nothing (E4).
+                if let ToExecutor::ReserveSeat {
+                    lease,
+                    direct: true,
+                    ..
+                } = &msg
+                {
+                    if let Some((name, amount)) = self.w.execs[exec].spec.extra_charge.clone() {
+                        let refusal = ToMill::ReserveResult {
+                            lease: *lease,
+                            accepted: false,
+                            reject: Some(RejectKind::Transient),
+                            reason: format!(
+                                "charge: this executor charges {name} {amount} on top of the standard charge a direct ask needs"
+                            ),
+                            resources: Default::default(),
+                        };
+                        self.exec_output(exec, ExecutorOutput::Send { conn, msg: refusal });
+                        return;
+                    }
+                }
                 if let Some(b) = self.w.execs[exec].byz.as_mut() {
                     b.incoming(now, conn, &msg, &mut self.byz);
                 }

@@ -294,6 +294,7 @@ struct ConfigDoc {
     queue_timeout: Option<Dur>,
     quarantine_strikes: Option<u32>,
     max_sessions: Option<usize>,
+    direct_placement: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -774,6 +775,7 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
             queue_timeout: d(c.queue_timeout),
             quarantine_strikes: c.quarantine_strikes,
             max_sessions: c.max_sessions,
+            direct_placement: c.direct_placement,
         };
     }
 

@@ -213,12 +213,26 @@ fn i12_every_invariant_holds_while_drivers_handle_deadlines_late() {
 /// Runs `seed` of the embedded scenario `name` traced (every line kept); panics with the
 /// report on any failure.
 fn replay_clean(name: &str, seed: u64) -> Vec<String> {
+    replay_clean_with(name, seed, None)
+}
+
+/// [`replay_clean`] of a seed found before direct placement (M35): placed by bid (M12), as
+/// when it was found, so it replays the history its test is about.
+fn replay_clean_bid(name: &str, seed: u64) -> Vec<String> {
+    replay_clean_with(name, seed, Some(false))
+}
+
+fn replay_clean_with(name: &str, seed: u64, direct: Option<bool>) -> Vec<String> {
     let all = scenario_file::embedded().unwrap_or_else(|e| panic!("{e}"));
-    let s = all
+    let mut s = all
         .iter()
         .find(|s| s.name == name)
-        .unwrap_or_else(|| panic!("scenarios/{name}.toml"));
-    let o = sim::run_traced(s, seed, 1_000_000);
+        .unwrap_or_else(|| panic!("scenarios/{name}.toml"))
+        .clone();
+    if direct.is_some() {
+        s.config.direct_placement = direct;
+    }
+    let o = sim::run_traced(&s, seed, 1_000_000);
     if o.failure.is_some() {
         panic!("{}", failure_report(&o, Some(&o)));
     }
@@ -268,6 +282,8 @@ fn i9_partitions_seed_2167729_passes_because_the_only_arm_seat_never_idles() {
     // The seed predates retry policies (M32): without them it runs as it did when this
     // test was written (their draws have a stream of their own).
     s.knobs.retry_rate = Some(0.0);
+    // And before direct placement (M35): its history is a bid's (M12).
+    s.config.direct_placement = Some(false);
     let o = sim::run_traced(&s, 2_167_729, 1_000_000);
     if o.failure.is_some() {
         panic!("{}", failure_report(&o, None));
@@ -444,7 +460,7 @@ fn m2_a_twin_that_took_over_a_dead_node_id_is_judged_by_that_id() {
 /// heard the cancel accepted; it now also counts a cancel that is durable.
 #[test]
 fn m32_a_durable_cancel_the_user_never_heard_of_still_stops_retries() {
-    let lines = replay_clean("smoke", 1357372914);
+    let lines = replay_clean_bid("smoke", 1357372914);
     assert!(
         lines
             .iter()

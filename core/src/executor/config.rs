@@ -6,8 +6,7 @@ use std::time::Duration;
 use crate::types::{valid_name, validate_resources, NodeId, ResourceError, Resources};
 use crate::wire::{MAX_ACTIVE_LEASES, MAX_ENGINES, MAX_LOAD_ENTRIES, MAX_NODE_LABELS, MAX_TOKEN};
 
-/// The resource every seat charges once (`jobs: 1`), so owner/repo quotas can count jobs.
-pub const SEAT_RESOURCE: &str = "jobs";
+pub use crate::types::SEAT_RESOURCE;
 /// The load key that reports used seats / capacity in a snapshot.
 pub const SEAT_LOAD: &str = "seats";
 

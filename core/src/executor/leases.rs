@@ -36,7 +36,10 @@ fn rejected(lease: LeaseId, kind: RejectKind, reason: String) -> ToMill {
 }
 
 impl Executor {
-    /// E2/E3: hold a seat if one is free and the job can run here.
+    /// E2/E3: hold a seat if one is free and the job can run here. A `direct` ask (M35) is
+    /// committed without waiting for this answer; this executor always charges the standard
+    /// charge a direct ask requires.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_reserve(
         &mut self,
         now: Time,
@@ -45,6 +48,7 @@ impl Executor {
         job: JobId,
         spec: JobSpec,
         ttl: Duration,
+        direct: bool,
     ) {
         if let Some(held) = self.seats.reserved.get(&lease) {
             let answer = if held.job == job && held.spec == spec {
@@ -62,6 +66,10 @@ impl Executor {
         let closed = self.closed_reason();
         let answer = match admit(&self.config, &self.seats, &spec, closed.as_deref()) {
             Ok(charged) => {
+                debug_assert!(
+                    !direct || charged == spec.seat_charge(),
+                    "E2, M35: a direct ask is accepted only with the standard charge"
+                );
                 // A zero ttl is meaningless; a seat is never held past our own grace (E3).
                 let grace = self.timers().reconnect_grace;
                 let ttl = if ttl.is_zero() { grace } else { ttl.min(grace) };

@@ -139,8 +139,7 @@ pub(super) fn compatibility(config: &ExecutorConfig, spec: &JobSpec) -> Result<R
             ));
         }
     }
-    let mut charged = spec.resources.clone();
-    charged.insert(SEAT_RESOURCE.to_string(), 1);
+    let charged = spec.seat_charge();
     if let Err(e) = validate_resources(&charged) {
         return Err(format!("resources: {e}"));
     }

@@ -364,6 +364,7 @@ impl Harness {
             job: JobId(lease.get() + 100),
             spec: Box::new(spec),
             ttl: secs(45),
+            direct: false,
         })
     }
 
@@ -565,6 +566,7 @@ fn e2_repeated_reserve_is_idempotent_and_a_conflicting_one_is_refused() {
         job: JobId(999),
         spec: Box::new(spec("docker")),
         ttl: secs(45),
+        direct: false,
     });
     let (accepted, reject, _, _) = reserve_result(&conflicting);
     assert!(!accepted);
@@ -582,6 +584,7 @@ fn e3_uncommitted_reservation_frees_itself_after_ttl() {
         job: JobId(1),
         spec: Box::new(spec("shell")),
         ttl: secs(2),
+        direct: false,
     });
     assert!(reserve_result(&outs).0);
     assert_eq!(h.exec.next_deadline(), Some(h.now.plus(secs(2))));
@@ -607,6 +610,7 @@ fn e3_ttl_is_capped_by_reconnect_grace() {
         job: JobId(1),
         spec: Box::new(spec("docker")),
         ttl: secs(3600),
+        direct: false,
     });
     h.advance(secs(44));
     assert_eq!(h.exec.reserved_leases().count(), 1);

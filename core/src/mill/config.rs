@@ -24,6 +24,10 @@ pub struct MillConfig {
     /// How many more candidates beyond `top_k` a bid may fall back to when asks fail (M12).
     /// Default 8.
     pub bid_fallbacks: usize,
+    /// M35: place a job on the best-ranked candidate with a free seat by publishing its
+    /// lease at once and sending `ReserveSeat{direct}` and `CommitLease` back to back,
+    /// instead of a bid. Default true.
+    pub direct_placement: bool,
     /// Most jobs waiting for placement; beyond it `Submit` is refused (M10). Default 10,000.
     pub max_pending: usize,
     /// How long an executor has to ack a `CancelAttempt` (M8, M26). Default 10 s.
@@ -63,6 +67,7 @@ impl Default for MillConfig {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
             bid_fallbacks: 8,
+            direct_placement: true,
             retry_fence: Duration::from_secs(30),
             max_pending: 10_000,
             cancel_ack_timeout: Duration::from_secs(10),

@@ -326,6 +326,8 @@ pub enum RarePath {
     ReconcileFailedLease,
     /// A lease of an older epoch failed at grace expiry after its node came back wiped.
     OldEpochLeaseFailed,
+    /// An executor refused a direct ask; its commit found nothing to start (M35).
+    DirectRefused,
 }
 
 /// One decision a `Tick` may take, keyed in the timer table: each key has at most one
@@ -412,6 +414,9 @@ struct Lease {
     cancel: Option<LeaseCancel>,
     /// The job's attempt this lease is (M32).
     attempt: u32,
+    /// M35: published directly, and the executor's answer to its `ReserveSeat{direct}` has
+    /// not come yet.
+    direct_answer_due: bool,
 }
 
 /// Where a job that has not ended stands.
@@ -460,6 +465,9 @@ struct Job {
     fenced_run: Option<LeaseId>,
     /// Attempts that ended in a retry (M32): at most `spec.retry.retries`.
     retried: u32,
+    /// M35: it was placed directly once; every later placement is a bid, so a node that
+    /// refuses direct asks costs one wasted lease per job, never a loop.
+    direct_tried: bool,
 }
 
 /// The mill. See the module docs.
@@ -759,6 +767,13 @@ impl Mill {
         self.asks.contains_key(&lease)
     }
 
+    /// Whether `lease` was published directly (M35) and its `ReserveSeat{direct}` is still
+    /// unanswered, read-only: the simulator judges a `ReserveResult` for it like an open
+    /// ask's.
+    pub fn is_direct_ask(&self, lease: LeaseId) -> bool {
+        self.leases.get(&lease).is_some_and(|l| l.direct_answer_due)
+    }
+
     /// The node of `lease` if it is a stray: an ask whose round is over, whose acceptance is
     /// released when it comes or when its deadline passes (M12), read-only.
     pub fn stray(&self, lease: LeaseId) -> Option<&NodeId> {
@@ -981,6 +996,7 @@ impl Mill {
                 refused: BTreeMap::new(),
                 attempt: 0,
                 retried: 0,
+                direct_tried: false,
                 fenced_run: None,
             }),
         );

@@ -497,8 +497,20 @@ impl Mill {
             self.drop_rebid_hold(job);
             return false;
         }
+        // M35: the best candidate's free seat, which the mill's own accounting vouches for
+        // (it is in the rank index), is taken without a bid — once per job.
+        let direct = self.config.direct_placement
+            && !j.direct_tried
+            && j.quota_held
+                .as_ref()
+                .is_none_or(|held| *held == j.spec.seat_charge());
+        let engine = j.spec.engine.clone();
+        if direct && self.place_direct(job, &candidates[0]) {
+            candidates.clear();
+            return true;
+        }
         let round = BidRound {
-            engine: j.spec.engine.clone(),
+            engine,
             candidates: std::mem::take(candidates),
             next: 0,
             asks: BTreeMap::new(),
@@ -507,6 +519,60 @@ impl Mill {
         };
         self.queue_remove(job);
         self.advance(job, round);
+        true
+    }
+
+    /// M35: places queued `job` on `node` without a bid: quota for the standard charge
+    /// (E2) first, then the lease is published with `ReserveSeat{direct}` and `CommitLease`
+    /// behind it. True when the job left the queue (placed, failed for quota, or waiting for
+    /// it); false when it should be bid for instead.
+    fn place_direct(&mut self, job: JobId, node: &NodeId) -> bool {
+        if !self
+            .sessions
+            .get(node)
+            .is_some_and(|s| s.ready() && s.conn.is_some() && !s.refuses_direct)
+        {
+            return false;
+        }
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        let charge = j.spec.seat_charge();
+        // A grant held from a quota wait is for this charge (checked by the caller).
+        if j.quota_held.take().is_none() {
+            match self.quota.try_acquire(job, &j.spec.identity, &charge) {
+                Ok(Acquire::Allowed) => {}
+                Ok(Acquire::Denied { reason: why }) => {
+                    self.queue_remove(job);
+                    let t = Terminal::by_mill(
+                        TerminalStatus::Failed,
+                        TerminalCause::QuotaDenied,
+                        reason(format!("quota denied: {why}")),
+                    );
+                    self.finish_job(job, t);
+                    return true;
+                }
+                Ok(Acquire::Temporary) => {
+                    // No seat was touched: the job waits for quota alone (M15, Q2).
+                    self.queue_remove(job);
+                    self.observe(Observation::Rare(RarePath::QuotaWait));
+                    if let Some(j) = self.jobs.get_mut(&job) {
+                        j.phase = Phase::QuotaWait { charge };
+                    }
+                    return true;
+                }
+                Err(_) => return false,
+            }
+        } else {
+            debug_assert!(
+                self.quota.is_held(job),
+                "M15: {job} re-placed with a grant the ledger does not hold"
+            );
+        }
+        j.direct_tried = true;
+        self.queue_remove(job);
+        let lease = self.alloc_lease();
+        self.publish(job, lease, node.clone(), charge, true);
         true
     }
 
@@ -608,6 +674,7 @@ impl Mill {
                 job,
                 spec: Box::new(spec),
                 ttl: self.config.reconnect_grace,
+                direct: false,
             },
         );
         self.asks.insert(lease, job);
@@ -681,6 +748,18 @@ impl Mill {
                 "ReserveResult reason exceeds 4096 bytes",
             );
         }
+        if let Some(l) = self.leases.get(&lease).filter(|l| l.direct_answer_due) {
+            if &l.node != node {
+                let what = format!("ReserveResult for lease {lease} that was not asked of it");
+                return self.violation(node, ViolationKind::UnaskedReserveResult, &what);
+            }
+            let answer = if accepted {
+                Ok(resources)
+            } else {
+                Err((reject, why))
+            };
+            return self.on_direct_result(node, lease, answer);
+        }
         if let Some((stray_node, engine)) = self.strays.get(&lease) {
             if stray_node == node {
                 let engine = engine.clone();
@@ -745,6 +824,65 @@ impl Mill {
             }
         }
         self.advance(job, round);
+    }
+
+    /// M35: the answer to a direct ask. Its commit went out right behind it, so nothing is
+    /// decided here but what a refusal teaches about the node (as for a bid, M13, M34); the
+    /// commit's answer ends the lease (not committed → Released, the job is bid for) or runs
+    /// it. An acceptance naming any charge but the published one is an M14 violation: the
+    /// quota held is that charge (E2).
+    fn on_direct_result(
+        &mut self,
+        node: &NodeId,
+        lease: LeaseId,
+        answer: Result<Resources, (Option<RejectKind>, String)>,
+    ) {
+        let Some(l) = self.leases.get_mut(&lease) else {
+            return;
+        };
+        l.direct_answer_due = false;
+        let job = l.job;
+        let (reject, why) = match answer {
+            Ok(resources) => {
+                if resources == l.resources {
+                    return;
+                }
+                let what = match validate_resources(&resources) {
+                    Err(e) => format!("invalid resource claim for lease {lease}: {e}"),
+                    Ok(()) => format!(
+                        "direct acceptance of lease {lease} charges {resources:?}, not the standard charge {:?} it was published with (M35, E2)",
+                        l.resources
+                    ),
+                };
+                return self.violation(node, ViolationKind::BadResources, &what);
+            }
+            Err(refusal) => refusal,
+        };
+        self.observe(Observation::Rare(RarePath::DirectRefused));
+        if why.starts_with("charge") {
+            // It charges more than the standard charge (E2, M14): every direct ask to it
+            // would be refused the same way, so this session is only bid for.
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.refuses_direct = true;
+            }
+        }
+        let conn = self.sessions.get(node).and_then(|s| s.conn);
+        let frees = self.sessions.get(node).map(|s| s.frees);
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        match reject {
+            Some(RejectKind::Incompatible) => {
+                if let Some(conn) = conn {
+                    j.incompatible.insert(node.clone(), conn);
+                }
+            }
+            Some(RejectKind::Transient) | None => {
+                if let (true, Some(frees)) = (why.starts_with("resource "), frees) {
+                    j.refused.insert(node.clone(), frees);
+                }
+            }
+        }
     }
 
     /// An ask got no answer within `bid_timeout`: it failed softly (M12).
@@ -835,7 +973,7 @@ impl Mill {
         };
         if let Some(held) = j.quota_held.take() {
             if held == charge {
-                return self.publish(job, lease, node, charge);
+                return self.publish(job, lease, node, charge, false);
             }
             // The re-bid charges other resources than the quota holds: release both, retry.
             self.observe(Observation::Rare(RarePath::QuotaRebidChangedResources));
@@ -845,7 +983,7 @@ impl Mill {
             return self.requeue(job);
         }
         match self.quota.try_acquire(job, &j.spec.identity, &charge) {
-            Ok(Acquire::Allowed) => self.publish(job, lease, node, charge),
+            Ok(Acquire::Allowed) => self.publish(job, lease, node, charge, false),
             Ok(Acquire::Denied { reason: why }) => {
                 self.release_remote(&node, lease);
                 self.job_seat_released(&node, job);
@@ -892,13 +1030,31 @@ impl Mill {
         self.wake_placement();
     }
 
-    /// M16: persist the lease (with its quota hold) before the commit goes out.
-    fn publish(&mut self, job: JobId, lease: LeaseId, node: NodeId, charge: Resources) {
+    /// M16: persist the lease (with its quota hold) before the commit goes out. A `direct`
+    /// lease (M35) takes its seat here and its `ReserveSeat{direct}` goes just ahead of the
+    /// commit, both behind the step's `Persist`.
+    fn publish(
+        &mut self,
+        job: JobId,
+        lease: LeaseId,
+        node: NodeId,
+        charge: Resources,
+        direct: bool,
+    ) {
         let Some(epoch) = self.sessions.get(&node).map(|s| s.epoch) else {
             // The winner's session is gone: its seat with it.
             self.release_quota(job, false);
             return self.requeue(job);
         };
+        if direct {
+            match self.jobs.get(&job) {
+                Some(j) => {
+                    let engine = j.spec.engine.clone();
+                    self.seat_taken(&node, &engine);
+                }
+                None => return,
+            }
+        }
         self.placed(job);
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
@@ -924,6 +1080,7 @@ impl Mill {
                 commit_out: false,
                 cancel: None,
                 attempt,
+                direct_answer_due: direct,
             },
         );
         if let Some(record) = self.lease_record(lease) {
@@ -945,6 +1102,9 @@ impl Mill {
             state: state.clone(),
         });
         self.emit(MillOutput::JobUpdate { job, state });
+        if direct {
+            self.send_direct_ask(job, lease, &node);
+        }
         self.observe(Observation::Placed {
             job,
             lease,
@@ -952,6 +1112,30 @@ impl Mill {
             latency,
         });
         self.send_commit(lease);
+    }
+
+    /// M35: the `ReserveSeat{direct}` of a lease published in this step, behind its
+    /// `Persist` (never an early ask: the commit right behind it must wait anyway).
+    fn send_direct_ask(&mut self, job: JobId, lease: LeaseId, node: &NodeId) {
+        let conn = self
+            .sessions
+            .get(node)
+            .filter(|s| s.ready())
+            .and_then(|s| s.conn);
+        let (Some(conn), Some(j)) = (conn, self.jobs.get(&job)) else {
+            return;
+        };
+        let spec = Box::new(j.spec.clone());
+        self.send(
+            conn,
+            ToExecutor::ReserveSeat {
+                lease,
+                job,
+                spec,
+                ttl: self.config.reconnect_grace,
+                direct: true,
+            },
+        );
     }
 
     /// Sends `CommitLease` if the lease's node is ready; otherwise the commit waits (M17).

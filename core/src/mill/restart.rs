@@ -73,6 +73,7 @@ impl Mill {
                     // expiry or reconcile end the lease with its status (M5, M8).
                     cancel: record.cancel.map(LeaseCancel::restored),
                     attempt: record.attempt,
+                    direct_answer_due: false,
                 },
             );
         }
@@ -135,6 +136,7 @@ impl Mill {
                     refused: std::collections::BTreeMap::new(),
                     attempt: tally.last,
                     retried: tally.retried,
+                    direct_tried: false,
                     fenced_run: fence.and(tally.fenced_run.as_ref().map(|(l, _)| *l)),
                 }),
             );

@@ -57,6 +57,9 @@ pub(super) struct Session {
     /// lease released, a snapshot applied); a job it refused for a resource waits for this
     /// to move.
     pub(super) frees: u64,
+    /// M35: this session refused a direct ask for its charge (it charges more than the
+    /// standard charge, M14): it is only bid for from then on.
+    pub(super) refuses_direct: bool,
 }
 
 impl Session {
@@ -78,6 +81,7 @@ impl Session {
             violated: false,
             greeted: false,
             frees: 0,
+            refuses_direct: false,
         }
     }
 

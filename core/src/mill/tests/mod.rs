@@ -2,6 +2,7 @@
 //! what was sent, persisted and reported, never internals. Each test names its rule.
 
 mod cancel;
+mod direct;
 mod events;
 mod keys;
 mod placement;
@@ -33,9 +34,12 @@ pub(super) struct H {
     snap_seq: BTreeMap<ConnId, u64>,
 }
 
+/// The test mill's settings: the defaults but a token, and placement by bid (M12) — the
+/// tests of direct placement (M35) turn it on themselves.
 pub(super) fn config() -> MillConfig {
     MillConfig {
         executor_token: Some("secret".into()),
+        direct_placement: false,
         ..MillConfig::default()
     }
 }
