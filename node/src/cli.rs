@@ -198,6 +198,16 @@ pub struct MillTuning {
         help_heading = "Advanced"
     )]
     pub top_k: usize,
+    /// Place a job on the best executor with a free seat without a bid: publish its lease
+    /// at once and send the reservation and the commit together (M35). `false`: always bid.
+    #[arg(
+        long,
+        env = "MILLRACE_DIRECT_PLACEMENT",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        help_heading = "Advanced"
+    )]
+    pub direct_placement: bool,
     /// Most jobs waiting for placement; beyond it submits get 503 (M10).
     #[arg(
         long,
@@ -354,6 +364,7 @@ impl Default for MillTuning {
         MillTuning {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
+            direct_placement: true,
             max_pending: 10_000,
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),
@@ -780,6 +791,9 @@ pub struct BenchArgs {
     /// `/v1/jobs/batch` (at most 1,000), with `--rate` still counting jobs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub batch: u16,
+    /// The mill's direct placement (M35); `false` places every job by bid (M12), for A/B runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub direct_placement: bool,
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
             tuning: MillTuning {
                 bid_timeout: Duration::from_secs(5),
                 top_k: 3,
+                direct_placement: true,
                 max_pending: args.jobs.max(10_000),
                 cancel_ack_timeout: Duration::from_secs(10),
                 cancel_teardown_timeout: Duration::from_secs(600),

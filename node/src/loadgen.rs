@@ -205,6 +205,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         tuning: MillTuning {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
+            direct_placement: args.direct_placement,
             max_pending: args.jobs.max(10_000),
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),

@@ -109,6 +109,9 @@ enum Command {
         /// The seed of arrivals and durations.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Bid for every job (M12) instead of placing directly (M35), to compare.
+        #[arg(long)]
+        bid: bool,
     },
 }
 
@@ -177,7 +180,8 @@ fn main() -> ExitCode {
             seconds,
             top_k,
             seed,
-        } => quality(&loads, executors, seconds, top_k, seed),
+            bid,
+        } => quality(&loads, executors, seconds, top_k, seed, !bid),
         Command::Fuzz {
             seeds,
             start,
@@ -489,9 +493,11 @@ fn quality(
     seconds: u64,
     top_k: Option<usize>,
     seed: u64,
+    direct: bool,
 ) -> ExitCode {
     let mut failed = false;
-    out!("| load | jobs measured | top_k | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit→placed p50 / p99 | ideal + 4 trips mean / p99 | wall |");
+    let trips = if direct { 2 } else { 4 };
+    out!("| load | jobs measured | top_k | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit→placed p50 / p99 | ideal + {trips} trips mean / p99 | wall |");
     out!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &load in loads {
         let mut setup = sim::quality::Setup::sparrow(load);
@@ -499,6 +505,7 @@ fn quality(
         setup.arrival = seconds.max(2) * SEC;
         setup.top_k = top_k;
         setup.seed = seed;
+        setup.direct = direct;
         eprintln!("quality: load {load} ...");
         let began = Instant::now();
         let r = sim::quality::run(&setup);

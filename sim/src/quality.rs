@@ -68,6 +68,8 @@ pub struct Setup {
     pub seed: u64,
     /// The mill's `top_k` (executors asked per placement), if not the default.
     pub top_k: Option<usize>,
+    /// Direct placement (M35, the default); `false` bids for every job (M12).
+    pub direct: bool,
 }
 
 impl Setup {
@@ -83,6 +85,7 @@ impl Setup {
             warmup: SEC,
             seed: 1,
             top_k: None,
+            direct: true,
         }
     }
 }
@@ -185,18 +188,26 @@ pub fn ideal(
     fcfs(arrivals, durations, servers, 0, 2 * latency)
 }
 
-/// The omniscient scheduler charged with millrace's four one-way trips per job (ask,
-/// accept, commit, terminal): each job holds its seat for `duration + 4 × latency` and its
-/// response is wait + duration + 4 × latency. Not a target: a diagnosis. Where millrace
-/// matches it, the gap to [`ideal`] is the protocol's round trips (a seat idles from a job's
-/// exit until the mill hears of it and the next job's commit arrives), not placement.
+/// The omniscient scheduler charged with millrace's one-way trips per job: four by bid
+/// (ask, accept, commit, terminal; M12), two by direct placement (reserve and commit
+/// together, terminal; M35). Each job holds its seat for `duration + trips × latency` and
+/// its response is wait + duration + trips × latency. Not a target: a diagnosis. Where
+/// millrace matches it, the gap to [`ideal`] is the protocol's trips (a seat idles from a
+/// job's exit until the mill hears of it and the next job's commit arrives), not placement.
 pub fn protocol_bound(
     arrivals: &[Micros],
     durations: &[Micros],
     servers: usize,
     latency: Micros,
+    trips: u64,
 ) -> Vec<(Micros, Micros)> {
-    fcfs(arrivals, durations, servers, 4 * latency, 4 * latency)
+    fcfs(
+        arrivals,
+        durations,
+        servers,
+        trips * latency,
+        trips * latency,
+    )
 }
 
 /// FCFS on `servers` identical servers: each job, in arrival order, takes the server that
@@ -287,9 +298,10 @@ pub fn run(setup: &Setup) -> Report {
         max_pending: 1_000_000,
     };
     let ideal_runs = ideal(&times, &durations, setup.executors, setup.latency);
-    let protocol_runs = protocol_bound(&times, &durations, setup.executors, setup.latency);
+    let trips = if setup.direct { 2 } else { 4 };
+    let protocol_runs = protocol_bound(&times, &durations, setup.executors, setup.latency, trips);
     let measured: Vec<usize> = (0..jobs).filter(|k| times[*k] >= setup.warmup).collect();
-    let Some(sc) = quality_scenario(setup, jobs) else {
+    let Some(mut sc) = quality_scenario(setup, jobs) else {
         return Report {
             setup: setup.clone(),
             top_k: 0,
@@ -306,6 +318,7 @@ pub fn run(setup: &Setup) -> Report {
             events: 0,
         };
     };
+    sc.config.direct_placement = Some(setup.direct);
     let mut sim = Sim::with_workload(&sc, setup.seed, Trace::off(), Some(workload));
     if let Some(k) = setup.top_k {
         sim.w.mill_cfg.top_k = k;
@@ -398,8 +411,11 @@ mod tests {
     #[test]
     fn protocol_bound_holds_seats_four_trips_longer() {
         // One executor, 1 ms trips: the second job waits for 10 + 4 ms.
-        let r = protocol_bound(&[0, 0], &[10 * MS, 20 * MS], 1, MS);
+        let r = protocol_bound(&[0, 0], &[10 * MS, 20 * MS], 1, MS, 4);
         assert_eq!(r, vec![(0, 14 * MS), (14 * MS, 38 * MS)]);
+        // Direct placement: two.
+        let r = protocol_bound(&[0, 0], &[10 * MS, 20 * MS], 1, MS, 2);
+        assert_eq!(r, vec![(0, 12 * MS), (12 * MS, 34 * MS)]);
     }
 
     #[test]
@@ -413,6 +429,7 @@ mod tests {
             warmup: SEC / 2,
             seed: 3,
             top_k: None,
+            direct: true,
         };
         let r = run(&setup);
         assert!(r.failure.is_none(), "{:?}", r.failure);

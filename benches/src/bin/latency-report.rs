@@ -427,7 +427,7 @@ fn latency_table(rows: &[Row]) -> String {
 fn quality_table(reports: &[sim::quality::Report]) -> String {
     let f = |us: f64| format!("{:.1} ms", us / 1000.0);
     let mut t = String::new();
-    t.push_str("| load | jobs (measured) | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit → placed p50 / p99 | ideal mean wait | ideal + 4 trips mean / p99 |\n");
+    t.push_str("| load | jobs (measured) | millrace mean | ideal mean | mean ratio | millrace p99 | ideal p99 | p99 ratio | submit → placed p50 / p99 | ideal mean wait | ideal + protocol trips (2 direct, 4 by bid) mean / p99 |\n");
     t.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in reports {
         let _ = writeln!(
