@@ -232,8 +232,11 @@ impl Fleet {
                 _ => None,
             })
             .collect();
-        let mut commit = self.sends().into_iter().find_map(|(c, m)| match m {
-            ToExecutor::CommitLease { lease, .. } => Some((c, lease)),
+        let mut commit = self.out.iter().find_map(|o| match o {
+            MillOutput::Send {
+                conn,
+                msg: ToExecutor::CommitLease { lease, .. },
+            } => Some((*conn, *lease)),
             _ => None,
         });
         for (conn, lease) in asks {
