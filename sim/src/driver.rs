@@ -408,6 +408,7 @@ impl Sim {
             mill_inc: 0,
             mill_tick_at: None,
             mill_crash: None,
+            mill_crashes_planned: 0,
             mill_host_down: false,
             mill_restart_at: None,
             execs,
@@ -1075,9 +1076,14 @@ impl Sim {
                 }
             )
         });
-        let crash_at = self.w.mill_crash.map(|_| match persist_at {
+        let armed = self
+            .w
+            .mill_crash
+            .filter(|p| !p.at_commit || direct_at.is_some());
+        let crash_at = armed.map(|plan| match persist_at {
             // A direct ask out, its commit not (M35): the executor holds a reservation
             // nobody commits until it expires (E3) or the restarted mill settles it (M29).
+            _ if plan.at_commit => direct_at.map_or(0, |d| d + 1),
             _ if direct_at.is_some() && self.process.chance(0.3) => direct_at.map_or(0, |d| d + 1),
             // Early asks out, the step's write not yet durable: the boundary M12 is about.
             Some(p) if p > 0 && self.process.chance(0.5) => p,
@@ -2367,11 +2373,14 @@ impl Sim {
             }
             Fault::CrashMill { down, silent } => {
                 if self.w.mill.is_some() && self.w.mill_crash.is_none() {
+                    let aim =
+                        self.w.mill_cfg.direct_placement && self.w.mill_crashes_planned % 2 == 1;
+                    self.w.mill_crashes_planned += 1;
                     self.w.mill_crash = Some(CrashPlan {
                         wipe: false,
                         down,
                         silent,
-                        at_commit: false,
+                        at_commit: aim,
                     });
                     self.at(now + CRASH_DEADLINE, Ev::CrashDeadline(Proc::Mill));
                 }

@@ -163,8 +163,13 @@ pub struct World {
     pub mill_inc: u32,
     /// The earliest mill tick scheduled.
     pub mill_tick_at: Option<Micros>,
-    /// A mill crash armed for its next step.
+    /// A mill crash armed for its next step (with `at_commit`: for its next step that sends
+    /// a direct ask, M35, or its deadline).
     pub mill_crash: Option<CrashPlan>,
+    /// Mill crashes planned so far: with direct placement on, every second one waits for a
+    /// direct ask (M35), so the boundary between it and its commit is reached without a
+    /// random draw of its own (which would move every later draw of the seed).
+    pub mill_crashes_planned: u64,
     /// The mill's host is down (connects time out instead of being refused).
     pub mill_host_down: bool,
     /// When the mill is due back up, while down.
