@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod codec;
+pub mod duration;
 pub mod executor;
 pub mod job;
 pub mod mill;

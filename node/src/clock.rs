@@ -66,25 +66,7 @@ pub fn wall_ms() -> u64 {
 
 /// Parses a duration such as `250ms`, `2s`, `5m`, `24h`, `30d` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 250ms, 2s, 5m, 24h or 30d"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        "d" => Duration::from_secs(n.saturating_mul(86_400)),
-        _ => {
-            return Err(format!(
-                "{s:?}: unknown unit {unit:?}; use ms, s, m, h or d"
-            ))
-        }
-    };
-    Ok(d)
+    millrace_core::duration::parse(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -99,6 +81,9 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
         assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86400)));
+        // The syntax the scenario files use too (one parser, core::duration).
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m30s"), Ok(Duration::from_secs(150)));
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("ms").is_err());
     }

@@ -63,54 +63,14 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// A duration written as a string: `"30s"`, `"250ms"`, `"1.5s"`, `"2m30s"`, `"1h"`, `"800us"`.
+/// A duration written as a string: `"30s"`, `"250ms"`, `"1.5s"`, `"2m30s"`, `"1h"`, `"800us"`
+/// — the one syntax of `millrace_core::duration`, which the CLI reads too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dur(pub Micros);
 
-/// Parses a duration string (see `Dur`).
+/// Parses a duration string (see `Dur`) in microseconds.
 pub fn parse_duration(text: &str) -> Option<Micros> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: Micros = 0;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale: Micros = match unit {
-            "us" => 1,
-            "ms" => MS,
-            "s" => SEC,
-            "m" => 60 * SEC,
-            "h" => 3600 * SEC,
-            _ => return None,
-        };
-        let (int, frac) = match num.split_once('.') {
-            Some((i, f)) => (i, f),
-            None => (num, ""),
-        };
-        if int.is_empty() && frac.is_empty() {
-            return None;
-        }
-        let int: Micros = if int.is_empty() { 0 } else { int.parse().ok()? };
-        let mut value = int.checked_mul(scale)?;
-        // Fractions in integer arithmetic: no float rounding in a scenario's timing.
-        let mut place = scale;
-        for d in frac.chars() {
-            let d = Micros::from(d.to_digit(10)?);
-            place /= 10;
-            value = value.checked_add(d * place)?;
-        }
-        total = total.checked_add(value)?;
-        rest = tail;
-    }
-    Some(total)
+    millrace_core::duration::parse_micros(text).ok()
 }
 
 /// Formats microseconds the way files write them.
