@@ -1070,7 +1070,7 @@ impl Driver {
                 self.metrics.refused += 1;
                 tracing::warn!(%conn, %reason, "executor refused");
             }
-            Observation::Applied { .. } => {}
+            Observation::Applied { .. } | Observation::QuotaWait { .. } => {}
             Observation::Retried {
                 job,
                 attempt,

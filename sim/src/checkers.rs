@@ -530,16 +530,7 @@ impl FreshOrder {
     }
 
     /// A `ReserveSeat` for `job` went out; `inserted` says whether its insert is durable.
-    /// `quota_wait` says whether a job waits in the quota ledger: a direct placement (M35)
-    /// asks quota before any seat, so such a job was taken up without an ask and is not
-    /// passed over; it is judged no more.
-    fn asked(
-        &mut self,
-        job: JobId,
-        spec: &JobSpec,
-        inserted: bool,
-        quota_wait: impl Fn(JobId) -> bool,
-    ) -> Result<(), Violation> {
+    fn asked(&mut self, job: JobId, spec: &JobSpec, inserted: bool) -> Result<(), Violation> {
         if !inserted && self.asked_early.insert(job) {
             // M12: the ask leads its job's insert in the same step; judge it as a first ask.
             self.register(job, spec);
@@ -548,18 +539,6 @@ impl FreshOrder {
             return Ok(());
         };
         let slot = (class, owner);
-        let taken_up: Vec<JobId> = self
-            .by_owner
-            .get(&slot)
-            .into_iter()
-            .flatten()
-            .take_while(|k| **k < key)
-            .map(|k| k.1)
-            .filter(|j| quota_wait(*j))
-            .collect();
-        for j in taken_up {
-            self.forget(j);
-        }
         if let Some(set) = self.by_owner.get(&slot) {
             if let Some(first) = set.first().filter(|f| **f < key) {
                 return fail(
@@ -1588,18 +1567,22 @@ impl Checker {
     /// in that order (M30). Output order is not decision order: an early ask (M12) leads
     /// the step's `Persist` while a direct ask (M35) decided before it follows it. Judged
     /// whatever connection each goes out on: the mill chose the job.
-    pub fn step_asks(
-        &mut self,
-        w: &World,
-        asks: &mut [(LeaseId, JobId, &JobSpec)],
-    ) -> Result<(), Violation> {
+    pub fn step_asks(&mut self, asks: &mut [(LeaseId, JobId, &JobSpec)]) -> Result<(), Violation> {
         asks.sort_by_key(|a| a.0);
-        let quota_wait = |j: JobId| w.mill.as_ref().is_some_and(|m| m.quota().is_waiting(j));
         for (_, job, spec) in asks.iter() {
             let inserted = self.inserted.contains(job);
-            self.order.asked(*job, spec, inserted, quota_wait)?;
+            self.order.asked(*job, spec, inserted)?;
         }
         Ok(())
+    }
+
+    /// M33: jobs a mill step took up without an ask, before its asks are judged: ended by
+    /// the step (a direct placement's quota denial, M35) or sent to wait for quota (the mill
+    /// observes `QuotaWait`; M35 asks quota before any seat). They are never passed over.
+    pub fn taken_up(&mut self, jobs: &[JobId]) {
+        for job in jobs {
+            self.order.ended(*job);
+        }
     }
 
     /// A message the mill sends, after the step's `Persist` was applied (persist before

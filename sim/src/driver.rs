@@ -1055,9 +1055,30 @@ impl Sim {
                 _ => None,
             })
             .collect();
+        // Jobs the step took up without an ask: ended by it (a direct placement's quota
+        // denial) or sent to wait for quota (M35 asks quota before any seat).
+        let mut ended: Vec<JobId> = Vec::new();
+        for o in &outs {
+            match o {
+                MillOutput::Persist(batch) => {
+                    for w in &batch.writes {
+                        if let MillWrite::JobState {
+                            job,
+                            state: JobState::Done(_),
+                        } = w
+                        {
+                            ended.push(*job);
+                        }
+                    }
+                }
+                MillOutput::Observed(Observation::QuotaWait { job }) => ended.push(*job),
+                _ => {}
+            }
+        }
+        self.c.taken_up(&ended);
         if !asks.is_empty() {
             let overtakes = (self.c.priority_overtakes(), self.c.owner_overtakes());
-            let r = self.c.step_asks(&self.w, &mut asks);
+            let r = self.c.step_asks(&mut asks);
             self.check(r);
             for _ in overtakes.0..self.c.priority_overtakes() {
                 self.cov.hit(Path::PriorityOvertook);
@@ -1122,6 +1143,9 @@ impl Sim {
         }
         let r = self.c.mill_step_end(crashed || self.failure.is_some());
         self.check(r);
+        // Again once the step's `Persist` registered its inserts: a job submitted and sent
+        // to wait for quota in one step is taken up too.
+        self.c.taken_up(&ended);
         self.mill_outs = outs;
         if crashed || crash_at.is_some() {
             if let Some(plan) = self.w.mill_crash.take() {
@@ -1298,6 +1322,7 @@ impl Sim {
                 Observation::Placed { job, latency, .. } => {
                     self.times.placed(job, now, latency);
                 }
+                Observation::QuotaWait { .. } => {}
                 Observation::Retried { fenced, .. } => {
                     self.cov.hit(if fenced {
                         Path::RetriedAfterFence

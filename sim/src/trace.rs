@@ -424,6 +424,9 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
                 Observation::Quarantined { node } => {
                     let _ = write!(s, "quarantined {node}");
                 }
+                Observation::QuotaWait { job } => {
+                    let _ = write!(s, "quota-wait {job}");
+                }
                 Observation::Retried {
                     job,
                     attempt,

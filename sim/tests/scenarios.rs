@@ -472,3 +472,24 @@ fn m32_a_durable_cancel_the_user_never_heard_of_still_stops_retries() {
         "smoke 1357372914 no longer crashes the mill"
     );
 }
+
+/// Found by the random budget of `cargo test -p sim` in CI (smoke seed 4211116824) once
+/// direct placement (M35) was on: a direct placement asks quota before any seat, so j40 went
+/// to wait for quota without an ask, was granted and re-placed in a later step behind a
+/// younger job of its owner that the mill had rightly asked for meanwhile; the M33 order
+/// check counted j40 as passed over. The mill now observes `QuotaWait { job }` and the check
+/// counts such a job as taken up — also when the same step inserted it (quota-contention
+/// seed 0: j6 submitted and sent to wait in one step).
+#[test]
+fn m33_a_job_sent_to_wait_for_quota_without_an_ask_is_not_passed_over() {
+    let lines = replay_clean("smoke", 4_211_116_824);
+    assert!(
+        lines.iter().any(|l| l.contains("observed quota-wait j40")),
+        "smoke 4211116824 no longer sends j40 to wait for quota"
+    );
+    let lines = replay_clean("quota-contention", 0);
+    assert!(
+        lines.iter().any(|l| l.contains("observed quota-wait j6")),
+        "quota-contention 0 no longer sends j6 to wait for quota"
+    );
+}

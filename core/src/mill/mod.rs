@@ -213,6 +213,12 @@ pub enum Observation {
         /// The next attempt waits out a fence (the run may still have been going).
         fenced: bool,
     },
+    /// A job taken up for placement waits for quota (M15, Q2): it left the queue without an
+    /// ask (a direct placement asks quota first, M35) or after one (a bid's acceptance).
+    QuotaWait {
+        /// The job.
+        job: JobId,
+    },
     /// A node was quarantined (M28).
     Quarantined {
         /// The executor.

@@ -556,6 +556,7 @@ impl Mill {
                     // No seat was touched: the job waits for quota alone (M15, Q2).
                     self.queue_remove(job);
                     self.observe(Observation::Rare(RarePath::QuotaWait));
+                    self.observe(Observation::QuotaWait { job });
                     if let Some(j) = self.jobs.get_mut(&job) {
                         j.phase = Phase::QuotaWait { charge };
                     }
@@ -999,6 +1000,7 @@ impl Mill {
                 self.release_remote(&node, lease);
                 self.job_seat_released(&node, job);
                 self.observe(Observation::Rare(RarePath::QuotaWait));
+                self.observe(Observation::QuotaWait { job });
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.phase = Phase::QuotaWait { charge };
                 }

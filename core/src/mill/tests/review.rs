@@ -395,6 +395,7 @@ impl Chaos {
                             Observation::Refused { .. } => "refused".to_string(),
                             Observation::Applied { .. } => "applied".to_string(),
                             Observation::Retried { .. } => "retried".to_string(),
+                            Observation::QuotaWait { .. } => "quota-wait".to_string(),
                             Observation::Rare(p) => format!("{p:?}"),
                         };
                         *self.seen.entry(kind).or_insert(0) += 1;
