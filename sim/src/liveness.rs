@@ -380,10 +380,33 @@ impl Liveness {
         let mut waiting: BTreeMap<usize, u64> = BTreeMap::new();
         let mut reporting: BTreeMap<usize, u64> = BTreeMap::new();
         let mut open_class = Vec::with_capacity(open.len());
+        // Jobs whose engine run is the one the mill holds them by: that run is counted with
+        // the seats' work. A run the mill no longer holds the job by — a fenced run left
+        // behind by a retry (M32), which a slow engine may keep alive until the heal — does
+        // not stand for the job's next run, so such a job counts as waiting (found by
+        // cancel-while-fencing seed 777000053: its retry ran its whole duration after the
+        // fence, past a bound that had counted neither).
+        let current = |job: JobId| {
+            w.mill.as_ref().map(|m| match m.job_state(job) {
+                Some(JobState::Reserved { lease, .. } | JobState::Running { lease, .. }) => {
+                    Some(lease)
+                }
+                _ => None,
+            })
+        };
         let mut live_jobs: BTreeSet<JobId> = BTreeSet::new();
         for p in &w.execs {
-            for e in p.engine.values() {
-                live_jobs.insert(e.job);
+            for (lease, e) in &p.engine {
+                match current(e.job) {
+                    // The mill is down: nothing to tell the runs apart by.
+                    None => {
+                        live_jobs.insert(e.job);
+                    }
+                    Some(held) if held == Some(*lease) => {
+                        live_jobs.insert(e.job);
+                    }
+                    Some(_) => {}
+                }
             }
         }
         for o in open {

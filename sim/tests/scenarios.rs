@@ -493,3 +493,29 @@ fn m33_a_job_sent_to_wait_for_quota_without_an_ask_is_not_passed_over() {
         "quota-contention 0 no longer sends j6 to wait for quota"
     );
 }
+
+/// Found by a random sweep (cancel-while-fencing seed 777000053, failing the same before
+/// direct placement): a slow engine kept j5's fenced run alive until the heal (M32 held the
+/// retry while snapshots reported it), then the retry ran its whole duration. I9's per-job
+/// bound counted j5 "with the runs" because an engine ran it — the old, fenced run — so its
+/// own next run was in no term. A run the mill no longer holds the job by now leaves the job
+/// counted as waiting.
+#[test]
+fn i9_a_retry_behind_a_fenced_run_that_lived_until_the_heal_is_bounded_by_its_own_run() {
+    let lines = replay_clean("cancel-while-fencing", 777_000_053);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("observed retried j5 after #1 Some(ExecutorLost) fenced=true")),
+        "cancel-while-fencing 777000053 no longer retries j5 behind a fence"
+    );
+    let old_run_end = lines
+        .iter()
+        .find(|l| l.contains("< exited l5 "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| t.parse::<f64>().ok());
+    assert!(
+        old_run_end.is_some_and(|t| t >= 300.0),
+        "the fenced run no longer lives until the heal: {old_run_end:?}"
+    );
+}
