@@ -504,13 +504,15 @@ impl Mill {
             && j.quota_held
                 .as_ref()
                 .is_none_or(|held| *held == j.spec.seat_charge());
-        let engine = j.spec.engine.clone();
         if direct && self.place_direct(job, &candidates[0]) {
             candidates.clear();
             return true;
         }
+        let Some(j) = self.jobs.get(&job) else {
+            return false;
+        };
         let round = BidRound {
-            engine,
+            engine: j.spec.engine.clone(),
             candidates: std::mem::take(candidates),
             next: 0,
             asks: BTreeMap::new(),
@@ -807,24 +809,44 @@ impl Mill {
             match reject {
                 Some(RejectKind::Incompatible) => {
                     round.incompatible.push(reason(format!("{node}: {why}")));
-                    let conn = self.sessions.get(node).and_then(|s| s.conn);
-                    if let (Some(conn), Some(j)) = (conn, self.jobs.get_mut(&job)) {
-                        j.incompatible.insert(node.clone(), conn);
-                    }
                 }
-                Some(RejectKind::Transient) | None => {
-                    round.soft_failure = true;
-                    // M34: a resource it lacks now stays lacking until it frees something.
-                    if why.starts_with("resource ") {
-                        let frees = self.sessions.get(node).map(|s| s.frees);
-                        if let (Some(frees), Some(j)) = (frees, self.jobs.get_mut(&job)) {
-                            j.refused.insert(node.clone(), frees);
-                        }
-                    }
+                Some(RejectKind::Transient) | None => round.soft_failure = true,
+            }
+            self.remember_refusal(node, job, reject, &why);
+        }
+        self.advance(job, round);
+    }
+
+    /// What a refusal of `job` by `node` teaches, whether a bid's ask or a direct one (M35):
+    /// an Incompatible node is not asked again while this session lasts and another can be
+    /// (M13); a node lacking a resource is not asked again until it frees something (M34).
+    fn remember_refusal(
+        &mut self,
+        node: &NodeId,
+        job: JobId,
+        reject: Option<RejectKind>,
+        why: &str,
+    ) {
+        let Some(s) = self.sessions.get(node) else {
+            return;
+        };
+        let (conn, frees) = (s.conn, s.frees);
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        match reject {
+            Some(RejectKind::Incompatible) => {
+                if let Some(conn) = conn {
+                    j.incompatible.insert(node.clone(), conn);
+                }
+            }
+            Some(RejectKind::Transient) | None => {
+                // M34: a resource it lacks now stays lacking until it frees something.
+                if why.starts_with("resource ") {
+                    j.refused.insert(node.clone(), frees);
                 }
             }
         }
-        self.advance(job, round);
     }
 
     /// M35: the answer to a direct ask. Its commit went out right behind it, so nothing is
@@ -867,23 +889,7 @@ impl Mill {
                 s.refuses_direct = true;
             }
         }
-        let conn = self.sessions.get(node).and_then(|s| s.conn);
-        let frees = self.sessions.get(node).map(|s| s.frees);
-        let Some(j) = self.jobs.get_mut(&job) else {
-            return;
-        };
-        match reject {
-            Some(RejectKind::Incompatible) => {
-                if let Some(conn) = conn {
-                    j.incompatible.insert(node.clone(), conn);
-                }
-            }
-            Some(RejectKind::Transient) | None => {
-                if let (true, Some(frees)) = (why.starts_with("resource "), frees) {
-                    j.refused.insert(node.clone(), frees);
-                }
-            }
-        }
+        self.remember_refusal(node, job, reject, &why);
     }
 
     /// An ask got no answer within `bid_timeout`: it failed softly (M12).
