@@ -130,9 +130,26 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="mutation ids to run")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--work", default="/tmp/millrace-mutants", help="scratch directory")
+    ap.add_argument(
+        "--check-finds",
+        action="store_true",
+        help="only check that every mutation's `find` text occurs exactly once in its file "
+        "(ci/check runs this, so an edit cannot silently retire a mutation)",
+    )
     args = ap.parse_args()
 
     muts = tomllib.loads((ROOT / "sim/mutations.toml").read_text())["mutation"]
+    if args.check_finds:
+        stale = []
+        for m in muts:
+            path = ROOT / m["file"]
+            n = path.read_text().count(m["find"]) if path.exists() else 0
+            if n != 1:
+                stale.append(f"{m['id']}: its find text occurs {n} times in {m['file']} (must be once)")
+        if stale:
+            sys.exit("sim/mutations.toml is stale:\n  " + "\n  ".join(stale))
+        print(f"mutation finds ok: {len(muts)} mutations, each find once in its file")
+        return
     if args.list:
         for m in muts:
             print(f"{m['id']:40} {m['rule']:6} {m['family']:10} {m['what']}")
