@@ -107,6 +107,7 @@ impl Fleet {
             f.msg(
                 conn,
                 ToMill::Hello {
+                    term: millrace_core::types::Term(0),
                     stop_grace_ms: 10_000,
                     protocol_version: PROTOCOL_VERSION,
                     node_id: format!("exec-{i:05}"),

@@ -395,6 +395,7 @@ mod tests {
 
     fn hello(version: u32) -> ToMill {
         ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: version,
             node_id: "exec-1.rack_2".into(),
@@ -407,7 +408,7 @@ mod tests {
 
     /// Position of each `ToMill` variant; a new variant fails to compile here until it is
     /// given a sample in `to_mill_samples`.
-    const TO_MILL_VARIANTS: usize = 7;
+    const TO_MILL_VARIANTS: usize = 8;
     fn to_mill_index(m: &ToMill) -> usize {
         match m {
             ToMill::Hello { .. } => 0,
@@ -417,6 +418,7 @@ mod tests {
             ToMill::EventBatch { .. } => 4,
             ToMill::CancelAck { .. } => 5,
             ToMill::LiveLog { .. } => 6,
+            ToMill::Stale { .. } => 7,
         }
     }
 
@@ -513,12 +515,16 @@ mod tests {
                 offset: 1 << 40,
                 bytes: (0..=255).collect(),
             },
+            ToMill::Stale {
+                term: crate::types::Term(u64::MAX),
+            },
         ]
     }
 
     fn to_executor_samples() -> Vec<ToExecutor> {
         vec![
             ToExecutor::Welcome {
+                term: crate::types::Term(1),
                 cursor: Seqno(41),
                 timers: crate::wire::SessionTimers {
                     silence_timeout: Duration::from_secs(15),
@@ -527,9 +533,11 @@ mod tests {
                 },
             },
             ToExecutor::Refused {
+                leader: None,
                 reason: "node is quarantined".into(),
             },
             ToExecutor::ReserveSeat {
+                term: crate::types::Term(1),
                 lease: LeaseId(13),
                 job: JobId(5),
                 spec: Box::new(JobSpec {
@@ -554,18 +562,24 @@ mod tests {
                 direct: true,
             },
             ToExecutor::CommitLease {
+                term: crate::types::Term(1),
                 lease: LeaseId(13),
                 secrets: [("TOKEN", "abc"), ("EMPTY", "")]
                     .iter()
                     .map(|&(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
             },
-            ToExecutor::ReleaseLease { lease: LeaseId(14) },
+            ToExecutor::ReleaseLease {
+                term: crate::types::Term(1),
+                lease: LeaseId(14),
+            },
             ToExecutor::CancelAttempt {
+                term: crate::types::Term(1),
                 lease: LeaseId(13),
                 reason: "cancelled by user".into(),
             },
             ToExecutor::Ack {
+                term: crate::types::Term(1),
                 epoch: Epoch(7),
                 up_to: Seqno(u64::MAX),
             },
@@ -716,6 +730,7 @@ mod tests {
         };
         assert_eq!(spec.validate(), Ok(()));
         let msg = ToExecutor::ReserveSeat {
+            term: crate::types::Term(1),
             lease: LeaseId(u64::MAX),
             job: JobId(u64::MAX),
             spec: Box::new(spec),

@@ -29,4 +29,4 @@ pub use job::{
     Fingerprint, IdempotencyKey, Identity, JobSpec, JobState, KeyError, LogRef, SpecError,
     Terminal, TerminalCause, TerminalStatus,
 };
-pub use types::{ConnId, Epoch, IdError, JobId, LeaseId, NodeId, Resources, Seqno, Time};
+pub use types::{ConnId, Epoch, IdError, JobId, LeaseId, NodeId, Resources, Seqno, Term, Time};

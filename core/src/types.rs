@@ -177,6 +177,15 @@ u64_id!(
     ConnId,
     "c"
 );
+u64_id!(
+    /// A mill's leadership term (DESIGN §10, E13): taken from the store when a mill starts
+    /// leading, higher than every term before it, and carried by every message the mill sends
+    /// an executor. An executor keeps the highest it has seen and refuses anything lower, so
+    /// a deposed mill (paused past its lease, cut off from the store) cannot act through an
+    /// executor that has heard its successor (I13). Term 0 is "none yet".
+    Term,
+    "t"
+);
 
 impl Seqno {
     /// The seqno after this one.

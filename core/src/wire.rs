@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobSpec, LogRef, TerminalStatus};
-use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
+use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Term};
 
 /// The protocol version this build speaks. 2: a terminal event carries its [`EndCause`].
 /// 3: `Welcome` carries the mill's [`SessionTimers`] (M1, M9, E12: the timers of a session
@@ -21,7 +21,10 @@ use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno};
 /// the executor's stop grace (M32: how long a fenced run may take to stop).
 /// 6: `ReserveSeat` says whether it is `direct` (M35: its commit follows without waiting for
 /// the answer, so the seat must charge the standard charge, E2).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: term fencing (E13, DESIGN §10): `Welcome` and every command carry the mill's [`Term`],
+/// `Hello` the highest term the executor has seen, an executor answers a lower one with
+/// `Stale`, and `Refused` may name the leader's address.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;
@@ -124,6 +127,10 @@ pub enum ToMill {
         /// retry after a lost executor waits only that long for the fenced run to be gone.
         /// Milliseconds, as a `u32` so that `Hello` stays no larger than other messages.
         stop_grace_ms: u32,
+        /// The highest mill term this executor has seen (E13; 0 for none). A mill whose own
+        /// term is lower has been deposed: it refuses the executor and learns that it must
+        /// step down.
+        term: Term,
     },
     /// Capacity and the leases the executor holds (reserved or running).
     Snapshot {
@@ -170,6 +177,12 @@ pub enum ToMill {
     CancelAck {
         /// The lease.
         lease: LeaseId,
+    },
+    /// A message carried a term below the highest this executor has seen (E13): it was
+    /// not acted on, and the executor closes the connection after this.
+    Stale {
+        /// The highest term the executor has seen.
+        term: Term,
     },
     /// Best-effort log bytes, not sequenced (E15). Chunks may be missing; `offset` says
     /// where each one sits, so the mill counts what it never got instead of splicing.
@@ -225,7 +238,7 @@ impl SessionTimers {
     }
 }
 
-/// Mill → executor.
+/// Mill → executor. Every variant but `Refused` carries the sending mill's [`Term`] (E13).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToExecutor {
     /// Session accepted; `cursor` is the last applied seqno for (node, epoch).
@@ -234,14 +247,22 @@ pub enum ToExecutor {
         cursor: Seqno,
         /// The mill's session timers; the executor adopts them (M1, E12).
         timers: SessionTimers,
+        /// The mill's term (E13).
+        term: Term,
     },
     /// Session refused; the connection closes.
     Refused {
         /// Why.
         reason: String,
+        /// Where the leading mill listens, when the refusing mill is a standby (DESIGN §10).
+        /// The executor follows it only if it is one of the addresses it was configured
+        /// with, so a mill cannot send executors anywhere else.
+        leader: Option<String>,
     },
     /// A bid: hold a seat for this job (M12).
     ReserveSeat {
+        /// The mill's term (E13).
+        term: Term,
         /// Fresh for every ask.
         lease: LeaseId,
         /// The job.
@@ -258,6 +279,8 @@ pub enum ToExecutor {
     },
     /// Start the reserved job (E4).
     CommitLease {
+        /// The mill's term (E13).
+        term: Term,
         /// The lease.
         lease: LeaseId,
         /// Secrets for the job's environment.
@@ -265,11 +288,15 @@ pub enum ToExecutor {
     },
     /// Drop a reservation; never stops a running job (E8).
     ReleaseLease {
+        /// The mill's term (E13).
+        term: Term,
         /// The lease.
         lease: LeaseId,
     },
     /// Stop the job and ack at once (E7).
     CancelAttempt {
+        /// The mill's term (E13).
+        term: Term,
         /// The lease.
         lease: LeaseId,
         /// Why.
@@ -277,9 +304,26 @@ pub enum ToExecutor {
     },
     /// Events up to `up_to` are durable at the mill; trim the outbox (E5).
     Ack {
+        /// The mill's term (E13).
+        term: Term,
         /// The executor's epoch.
         epoch: Epoch,
         /// Highest applied seqno.
         up_to: Seqno,
     },
+}
+
+impl ToExecutor {
+    /// The term the message carries (E13); `None` for `Refused`, which commands nothing.
+    pub fn term(&self) -> Option<Term> {
+        match self {
+            ToExecutor::Welcome { term, .. }
+            | ToExecutor::ReserveSeat { term, .. }
+            | ToExecutor::CommitLease { term, .. }
+            | ToExecutor::ReleaseLease { term, .. }
+            | ToExecutor::CancelAttempt { term, .. }
+            | ToExecutor::Ack { term, .. } => Some(*term),
+            ToExecutor::Refused { .. } => None,
+        }
+    }
 }

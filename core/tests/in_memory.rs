@@ -227,7 +227,7 @@ impl World {
 
     fn exec_output(&mut self, i: usize, o: ExecutorOutput) {
         match o {
-            ExecutorOutput::Connect => {
+            ExecutorOutput::Connect { .. } => {
                 let conn = ConnId(self.next_conn);
                 self.next_conn += 1;
                 self.nodes[i].conn = Some(conn);

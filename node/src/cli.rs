@@ -488,7 +488,8 @@ pub struct MillArgs {
 /// `millrace executor`.
 #[derive(Debug, Clone, Args)]
 pub struct ExecutorArgs {
-    /// The mill's executor address (host:port).
+    /// The mills' executor addresses (host:port), comma separated: every mill that may lead,
+    /// tried in order; a standby's redirect to one of them is followed (DESIGN §10).
     #[arg(long, env = "MILLRACE_MILL", default_value = "127.0.0.1:7071")]
     pub mill: String,
     /// This executor's name: 1-128 of A-Z a-z 0-9 . _ -

@@ -56,10 +56,10 @@ pub struct ExecDriverParts {
     pub store: ExecStore,
     /// The process clock.
     pub clock: Clock,
-    /// The mill's executor address.
-    pub mill: String,
-    /// TLS towards the mill; `None`: plain TCP.
-    pub tls: Option<crate::tls::ExecTls>,
+    /// The mills' executor addresses, as the core's `ExecutorConfig::mills` lists them, each
+    /// with its TLS settings (`None`: plain TCP): `Connect{mill: i}` dials `mills[i]`
+    /// (DESIGN §10).
+    pub mills: Vec<(String, Option<crate::tls::ExecTls>)>,
     /// The engine.
     pub engine: ShellEngine,
     /// How long a drain may wait for running jobs and the outbox.
@@ -214,7 +214,7 @@ impl Driver {
                 self.parts.engine.exited(*lease);
             }
             ExecutorInput::Message {
-                msg: ToExecutor::Refused { reason },
+                msg: ToExecutor::Refused { leader: _, reason },
                 ..
             } => {
                 tracing::error!(%reason, "the mill refused this executor");
@@ -280,7 +280,7 @@ impl Driver {
 
     fn act(&mut self, output: ExecutorOutput) {
         match output {
-            ExecutorOutput::Connect => self.dial(),
+            ExecutorOutput::Connect { mill } => self.dial(mill),
             ExecutorOutput::Send { conn, msg } => {
                 let Some(tx) = self.conns.get(&conn) else {
                     return;
@@ -320,13 +320,17 @@ impl Driver {
 
     /// Dials the mill; reports `Connected` or `ConnectFailed`, then runs the connection. With
     /// TLS, the handshake is part of the dial and shares its timeout.
-    fn dial(&mut self) {
+    fn dial(&mut self, mill: usize) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        let addr = self.parts.mill.clone();
         let tx = self.tx.clone();
+        let Some((addr, tls)) = self.parts.mills.get(mill).cloned() else {
+            // The core only names addresses its config lists, and that list is this one.
+            tracing::error!(mill, "no such mill address; treating the dial as failed");
+            let _ = tx.try_send(ExecCmd::Input(ExecutorInput::ConnectFailed));
+            return;
+        };
         let timeout = self.parts.executor.config().silence_timeout;
-        let tls = self.parts.tls.clone();
         self.parts.runtime.spawn(async move {
             let dialled = tokio::time::timeout(timeout, async {
                 let tcp = connect(&addr).await.map_err(Dial::Tcp)?;

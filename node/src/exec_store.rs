@@ -10,7 +10,7 @@ use millrace_core::executor::{
 };
 use millrace_core::job::{LogRef, TerminalStatus};
 use millrace_core::wire::{EndCause, Event, EventKind, SessionTimers};
-use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
+use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno, Term, Time};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
@@ -54,12 +54,18 @@ pub const SCHEMA_V4: &str = r"
         ALTER TABLE meta ADD COLUMN timers TEXT;
     ";
 
+/// Schema 5: the highest mill term this executor has seen (E13); 0 until a `Welcome` carried
+/// one (every store upgraded from schema 4 has seen none).
+pub const SCHEMA_V5: &str = r"
+        ALTER TABLE meta ADD COLUMN term INTEGER NOT NULL DEFAULT 0;
+    ";
+
 /// The executor store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "executor",
     file: "executor.db",
     application_id: 0x4d52_4531,
-    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4],
+    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5],
     side: crate::syncs::Side::Executor,
 };
 
@@ -163,18 +169,18 @@ impl ExecStore {
     }
 
     fn load(&mut self) -> Result<ExecutorSnapshot, StoreError> {
-        type Meta = (i64, i64, Option<i64>, Option<String>);
+        type Meta = (i64, i64, Option<i64>, Option<String>, i64);
         let meta: Option<Meta> = self
             .opened
             .conn
             .query_row(
-                "SELECT epoch, next_seqno, last_contact, timers FROM meta WHERE id = 1",
+                "SELECT epoch, next_seqno, last_contact, timers, term FROM meta WHERE id = 1",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .optional()
             .map_err(self.sq())?;
-        let Some((epoch, next_seqno, last_contact, timers)) = meta else {
+        let Some((epoch, next_seqno, last_contact, timers, term)) = meta else {
             // A new store is a new epoch (E1).
             let epoch = sqlite::random_u64().map_err(|source| StoreError::Io {
                 path: self.opened.path.clone(),
@@ -193,6 +199,7 @@ impl ExecStore {
         let mut snap = ExecutorSnapshot::fresh(Epoch(to_u64(epoch)));
         snap.next_seqno = Seqno(to_u64(next_seqno));
         snap.last_contact = last_contact.map(|at| Time::from_micros(to_u64(at)));
+        snap.term = Term(to_u64(term));
         if let Some(text) = timers {
             let t: SessionTimers = serde_json::from_str(&text)
                 .map_err(|e| self.corrupt(format!("meta.timers {text:?}: {e}")))?;
@@ -346,6 +353,12 @@ impl ExecStore {
                             .and_then(|mut st| st.execute(params![to_i64(at.as_micros())]))
                             .map_err(sq)?;
                     }
+                    ExecutorWrite::Term(t) => {
+                        // Only ever up (E13), whatever order batches came in.
+                        tx.prepare_cached("UPDATE meta SET term = max(term, ?1) WHERE id = 1")
+                            .and_then(|mut st| st.execute(params![to_i64(t.get())]))
+                            .map_err(sq)?;
+                    }
                     ExecutorWrite::Timers(t) => {
                         let text = json(t, &path)?;
                         tx.prepare_cached("UPDATE meta SET timers = ?1 WHERE id = 1")
@@ -414,6 +427,7 @@ mod tests {
                     ExecutorWrite::Contact {
                         at: Time::from_micros(1_754_000_000_000_000),
                     },
+                    ExecutorWrite::Term(Term(3)),
                 ],
             },
             ExecutorBatch {
@@ -438,6 +452,7 @@ mod tests {
                         snapshot_interval: Duration::from_millis(1500),
                         reconnect_grace: Duration::from_secs(20),
                     }),
+                    ExecutorWrite::Term(Term(5)),
                 ],
             },
         ];
@@ -458,6 +473,7 @@ mod tests {
             Some(Duration::from_secs(20)),
             "the adopted timers survive a restart (M1, E12)"
         );
+        assert_eq!(loaded.term, Term(5), "the highest term seen survives (E13)");
     }
 
     /// A store written by the first schema (protocol 1 events, no stop column, no last
@@ -516,8 +532,9 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 4, "upgraded in place");
+        assert_eq!(version, 5, "upgraded in place");
         assert_eq!(loaded.epoch, Epoch(77));
+        assert_eq!(loaded.term, Term(0), "no mill term was ever seen (E13)");
         assert_eq!(loaded.last_contact, None, "no contact was ever written");
         assert_eq!(loaded.timers, None, "no mill timers were ever adopted");
         let causes: Vec<EndCause> = loaded

@@ -34,6 +34,7 @@ pub async fn fake_executor(
     stream.set_nodelay(true)?;
     let epoch = Epoch(crate::sqlite::random_u64()?);
     let hello = ToMill::Hello {
+        term: millrace_core::types::Term(0),
         stop_grace_ms: 10_000,
         protocol_version: PROTOCOL_VERSION,
         node_id: node,
@@ -96,7 +97,7 @@ pub async fn fake_executor(
                             snap_seqno += 1;
                             out.extend(frame(&snapshot(snap_seqno, &reserved))?);
                         }
-                        ToExecutor::Refused { reason } => {
+                        ToExecutor::Refused { leader: _,  reason } => {
                             return Err(std::io::Error::other(format!("refused: {reason}")));
                         }
                         ToExecutor::ReserveSeat { lease, .. } => {
@@ -136,7 +137,7 @@ pub async fn fake_executor(
                                 out.extend(frame(&ToMill::EventBatch { epoch, events: vec![running, done] })?);
                             }
                         }
-                        ToExecutor::ReleaseLease { lease } => {
+                        ToExecutor::ReleaseLease { term: _,  lease } => {
                             reserved.remove(&lease);
                         }
                         ToExecutor::CancelAttempt { lease, .. } => {

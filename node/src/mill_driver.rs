@@ -1000,7 +1000,10 @@ impl Driver {
                     // other timers (issue 11: a mill on `--silence-timeout 4s`, executors on
                     // the defaults) otherwise only sees its connection drop.
                     let notice = close_notice(&reason, self.mill.config());
-                    let _ = tx.try_send(ConnOut::Send(ToExecutor::Refused { reason: notice }));
+                    let _ = tx.try_send(ConnOut::Send(ToExecutor::Refused {
+                        leader: None,
+                        reason: notice,
+                    }));
                     let _ = tx.try_send(ConnOut::Close(reason));
                 }
             }
@@ -1071,6 +1074,13 @@ impl Driver {
                 tracing::warn!(%conn, %reason, "executor refused");
             }
             Observation::Applied { .. } | Observation::QuotaWait { .. } => {}
+            Observation::Deposed { node, ours, seen } => {
+                // E13: with a store of its own this mill is the only one that can hold a
+                // term, so an executor that has seen a higher one is confused (or was
+                // pointed at another mill's store); it was refused or closed. A shared
+                // store's leadership check acts on this (DESIGN §10).
+                tracing::warn!(%node, term = ours.get(), seen = seen.get(), "executor has seen a higher mill term");
+            }
             Observation::Retried {
                 job,
                 attempt,
@@ -1151,6 +1161,7 @@ mod tests {
         MillCmd::Net(MillInput::Message {
             conn,
             msg: ToMill::Hello {
+                term: millrace_core::types::Term(0),
                 stop_grace_ms: 10_000,
                 protocol_version: PROTOCOL_VERSION,
                 node_id: "x1".into(),

@@ -684,16 +684,34 @@ pub fn start_executor(
     let node_id = NodeId::new(opts.node_id.clone())
         .map_err(|e| NodeError::Config(format!("--node-id: {e}")))?;
     let (name, seats) = parse_engine(&opts.engine)?;
-    let tls = opts.tls.as_ref().map(|f| f.load(&opts.mill)).transpose()?;
+    // DESIGN §10: `--mill a:7071,b:7071` — every mill that may lead, tried in order.
+    let mill_addrs: Vec<String> = opts
+        .mill
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    if mill_addrs.is_empty() {
+        return Err(NodeError::Config(format!(
+            "--mill {:?}: give one or more host:port addresses, comma separated",
+            opts.mill
+        )));
+    }
+    let mills = mill_addrs
+        .iter()
+        .map(|m| Ok((m.clone(), opts.tls.as_ref().map(|f| f.load(m)).transpose()?)))
+        .collect::<Result<Vec<_>, NodeError>>()?;
+    let tls = mills.first().and_then(|(_, t)| t.clone());
     std::fs::create_dir_all(&opts.data)
         .map_err(io(format!("data directory {}", opts.data.display())))?;
     warn_if_dir_open(&opts.data);
     let (store, snapshot) = ExecStore::open(&opts.data)?;
-    let loopback_mill = opts
-        .mill
-        .parse::<SocketAddr>()
-        .map(|a| a.ip().is_loopback())
-        .unwrap_or_else(|_| opts.mill.starts_with("localhost:"));
+    let loopback_mill = mill_addrs.iter().all(|m| {
+        m.parse::<SocketAddr>()
+            .map(|a| a.ip().is_loopback())
+            .unwrap_or_else(|_| m.starts_with("localhost:"))
+    });
     if tls.is_none() && !loopback_mill {
         tracing::warn!(mill = %opts.mill, "!!! connecting to a non-loopback mill WITHOUT TLS: the token and all traffic cross the network in clear text. !!!");
         eprintln!("WARNING: millrace executor talks to {} without TLS; traffic and the token are in clear text.", opts.mill);
@@ -707,6 +725,7 @@ pub fn start_executor(
     let known: std::collections::BTreeSet<_> = snapshot.jobs.keys().copied().collect();
     ShellEngine::sweep_foreign(&opts.data, snapshot.epoch, &known, opts.tuning.stop_grace);
     let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
+    config.mills = mill_addrs.clone();
     config.labels = opts
         .labels
         .iter()
@@ -794,8 +813,7 @@ pub fn start_executor(
             executor,
             store,
             clock,
-            mill: opts.mill.clone(),
-            tls: tls.clone(),
+            mills,
             engine,
             drain_timeout: opts.tuning.drain_timeout,
             runtime,

@@ -281,6 +281,7 @@ impl Preauth {
                     // Tell the peer why, bounded in time (it may not read).
                     let mut frame = Vec::new();
                     let msg = ToExecutor::Refused {
+                        leader: None,
                         reason: rej.detail.clone(),
                     };
                     if encode_into(&msg, &mut frame).is_ok() {
@@ -323,6 +324,7 @@ impl Preauth {
             | ToMill::CommitResult { .. }
             | ToMill::EventBatch { .. }
             | ToMill::CancelAck { .. }
+            | ToMill::Stale { .. }
             | ToMill::LiveLog { .. } => Err(Rejected {
                 kind: Reject::NotHello,
                 detail: "the first message was not a Hello".into(),
@@ -458,6 +460,7 @@ mod tests {
 
     fn hello(node: &str, token: &str) -> ToMill {
         ToMill::Hello {
+            term: millrace_core::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: millrace_core::wire::PROTOCOL_VERSION,
             node_id: node.into(),

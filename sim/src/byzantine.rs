@@ -293,7 +293,11 @@ impl Byzantine {
                     self.tags.pop_first();
                 }
             }
-            ToExecutor::Ack { epoch, up_to } => {
+            ToExecutor::Ack {
+                term: _,
+                epoch,
+                up_to,
+            } => {
                 let a = self.acked.entry(*epoch).or_default();
                 *a = (*a).max(*up_to);
                 self.confirm(*epoch, *up_to);

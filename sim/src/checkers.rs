@@ -1654,7 +1654,7 @@ impl Checker {
                 compatible("I7", exec, p, spec, *job)?;
                 self.ask_conn.insert(*lease, (conn, w.mill_inc));
             }
-            ToExecutor::ReleaseLease { lease } => {
+            ToExecutor::ReleaseLease { term: _, lease } => {
                 self.let_go.insert(*lease);
             }
             ToExecutor::CancelAttempt { lease, .. } => {
@@ -1697,7 +1697,11 @@ impl Checker {
                     );
                 }
             }
-            ToExecutor::Ack { epoch, up_to } => {
+            ToExecutor::Ack {
+                term: _,
+                epoch,
+                up_to,
+            } => {
                 let durable = self.cursor(exec, *epoch);
                 if *up_to > durable {
                     return fail(
@@ -2005,7 +2009,8 @@ impl Checker {
                 | ExecutorWrite::JobStopping { .. }
                 | ExecutorWrite::JobEnded { .. }
                 | ExecutorWrite::Contact { .. }
-                | ExecutorWrite::Timers(_) => {}
+                | ExecutorWrite::Timers(_)
+                | ExecutorWrite::Term(_) => {}
             }
         }
         Ok(())

@@ -1322,7 +1322,7 @@ impl Sim {
                 Observation::Placed { job, latency, .. } => {
                     self.times.placed(job, now, latency);
                 }
-                Observation::QuotaWait { .. } => {}
+                Observation::QuotaWait { .. } | Observation::Deposed { .. } => {}
                 Observation::Retried { fenced, .. } => {
                     self.cov.hit(if fenced {
                         Path::RetriedAfterFence
@@ -1557,7 +1557,7 @@ impl Sim {
             self.trace.line(now, name, |s| trace::exec_output(s, &o));
         }
         match o {
-            ExecutorOutput::Connect => {
+            ExecutorOutput::Connect { .. } => {
                 let inc = self.w.execs[i].inc;
                 let (conn, at) = self.w.net.open(now, i, inc);
                 self.at(at, Ev::Pump { conn, up: true });
@@ -2474,6 +2474,9 @@ impl Sim {
             .line(now, "mill", |s| s.push_str("!! restart from store"));
         self.w.mill_restart_at = None;
         self.w.mill_host_down = false;
+        // E13: every start takes a higher term from the store, as the node's SQLite store
+        // counts one up at each open; executors welcomed again persist it.
+        self.w.mill_cfg.term = millrace_core::Term(self.w.mill_cfg.term.get() + 1);
         match Mill::new(
             self.w.mill_cfg.clone(),
             Some(self.w.mill_store.clone()),

@@ -176,8 +176,19 @@ fn event_kind(s: &mut String, k: &EventKind) {
 /// Summarises an executor → mill message.
 pub fn to_mill(s: &mut String, m: &ToMill) {
     match m {
-        ToMill::Hello { node_id, epoch, .. } => {
+        ToMill::Hello {
+            node_id,
+            epoch,
+            term,
+            ..
+        } => {
             let _ = write!(s, "Hello {node_id} {epoch}");
+            if term.get() > 1 {
+                let _ = write!(s, " seen={term}");
+            }
+        }
+        ToMill::Stale { term } => {
+            let _ = write!(s, "Stale {term}");
         }
         ToMill::Snapshot {
             seqno,
@@ -254,15 +265,19 @@ pub fn to_mill(s: &mut String, m: &ToMill) {
 
 /// Summarises a mill → executor message.
 pub fn to_exec(s: &mut String, m: &ToExecutor) {
+    // E13: the term, once a mill has taken over (term 1 is every single-mill run's).
+    if let Some(t) = m.term().filter(|t| t.get() > 1) {
+        let _ = write!(s, "{t} ");
+    }
     match m {
-        ToExecutor::Welcome { cursor, timers } => {
+        ToExecutor::Welcome { cursor, timers, .. } => {
             let _ = write!(
                 s,
                 "Welcome cursor={cursor} grace={:?}",
                 timers.reconnect_grace
             );
         }
-        ToExecutor::Refused { reason } => {
+        ToExecutor::Refused { leader: _, reason } => {
             let _ = write!(s, "Refused {reason:?}");
         }
         ToExecutor::ReserveSeat {
@@ -273,13 +288,21 @@ pub fn to_exec(s: &mut String, m: &ToExecutor) {
         ToExecutor::CommitLease { lease, .. } => {
             let _ = write!(s, "CommitLease {lease}");
         }
-        ToExecutor::ReleaseLease { lease } => {
+        ToExecutor::ReleaseLease { term: _, lease } => {
             let _ = write!(s, "ReleaseLease {lease}");
         }
-        ToExecutor::CancelAttempt { lease, reason } => {
+        ToExecutor::CancelAttempt {
+            term: _,
+            lease,
+            reason,
+        } => {
             let _ = write!(s, "CancelAttempt {lease} {reason:?}");
         }
-        ToExecutor::Ack { epoch, up_to } => {
+        ToExecutor::Ack {
+            term: _,
+            epoch,
+            up_to,
+        } => {
             let _ = write!(s, "Ack {epoch} {up_to}");
         }
     }
@@ -427,6 +450,9 @@ pub fn mill_output(s: &mut String, o: &MillOutput) {
                 Observation::QuotaWait { job } => {
                     let _ = write!(s, "quota-wait {job}");
                 }
+                Observation::Deposed { node, ours, seen } => {
+                    let _ = write!(s, "deposed? {node} has seen {seen} above {ours}");
+                }
                 Observation::Retried {
                     job,
                     attempt,
@@ -502,7 +528,7 @@ pub fn exec_input(s: &mut String, i: &ExecutorInput) {
 /// Summarises an executor output.
 pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
     match o {
-        ExecutorOutput::Connect => s.push_str("> connect"),
+        ExecutorOutput::Connect { .. } => s.push_str("> connect"),
         ExecutorOutput::Send { conn, msg } => {
             let _ = write!(s, "> {conn} ");
             to_mill(s, msg);
@@ -521,6 +547,9 @@ pub fn exec_output(s: &mut String, o: &ExecutorOutput) {
                     }
                     ExecutorWrite::Trim { up_to } => {
                         let _ = write!(s, "trim({up_to}) ");
+                    }
+                    ExecutorWrite::Term(t) => {
+                        let _ = write!(s, "term({t}) ");
                     }
                     ExecutorWrite::JobCommitted { lease, job } => {
                         let _ = write!(s, "committed({lease} {}) ", job.job);

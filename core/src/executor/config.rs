@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::types::{valid_name, validate_resources, NodeId, ResourceError, Resources};
-use crate::wire::{MAX_ACTIVE_LEASES, MAX_ENGINES, MAX_LOAD_ENTRIES, MAX_NODE_LABELS, MAX_TOKEN};
+use crate::wire::{
+    MAX_ACTIVE_LEASES, MAX_ENGINES, MAX_LOAD_ENTRIES, MAX_NODE_LABELS, MAX_REASON, MAX_TOKEN,
+};
 
 pub use crate::types::SEAT_RESOURCE;
 /// The load key that reports used seats / capacity in a snapshot.
@@ -33,6 +35,8 @@ pub const DEFAULT_LIVE_LOG_CHUNK: usize = 64 * 1024;
 pub const DEFAULT_LIVE_LOG_BUDGET: usize = 1024 * 1024;
 /// Largest allowed [`ExecutorConfig::live_log_chunk`]: half a 1 MiB frame.
 pub const MAX_LIVE_LOG_CHUNK: usize = 512 * 1024;
+/// Most mill addresses an executor may be given (DESIGN §10).
+pub const MAX_MILLS: usize = 16;
 
 /// One engine the executor offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +99,11 @@ pub struct ExecutorConfig {
     /// Live-log bytes forwarded per `snapshot_interval`; beyond it bytes are dropped, and the
     /// offset of the next chunk (or of the end mark) shows the mill the hole (E15). 0 turns live logs off. Default 1 MiB.
     pub live_log_budget: usize,
+    /// The mills' addresses, in the order they are tried (DESIGN §10): `Connect{mill: i}`
+    /// asks the driver to dial `mills[i]`. A connect that fails, or a mill that refuses,
+    /// moves on to the next; a standby's `Refused{leader}` naming one of these is followed
+    /// at once. The core only compares them. 1–16 non-empty entries; default one, `mill`.
+    pub mills: Vec<String>,
 }
 
 impl ExecutorConfig {
@@ -125,6 +134,7 @@ impl ExecutorConfig {
             outbox_capacity: DEFAULT_OUTBOX_CAPACITY,
             live_log_chunk: DEFAULT_LIVE_LOG_CHUNK,
             live_log_budget: DEFAULT_LIVE_LOG_BUDGET,
+            mills: vec!["mill".to_string()],
         }
     }
 
@@ -158,6 +168,18 @@ impl ExecutorConfig {
             return Err(ConfigError::OutboxCapacity {
                 capacity: self.outbox_capacity,
                 min: min_outbox,
+            });
+        }
+        if self.mills.is_empty()
+            || self.mills.len() > MAX_MILLS
+            || self
+                .mills
+                .iter()
+                .any(|m| m.is_empty() || m.len() > MAX_REASON)
+        {
+            return Err(ConfigError::Mills {
+                count: self.mills.len(),
+                max: MAX_MILLS,
             });
         }
         if self.live_log_chunk == 0 || self.live_log_chunk > MAX_LIVE_LOG_CHUNK {
@@ -272,6 +294,14 @@ fn cut(s: &str) -> String {
 /// Why an [`ExecutorConfig`] was refused; each variant names the setting and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// `mills` is empty, too long, or holds an empty address.
+    #[error("mills: {count} addresses; give 1-{max}, none empty")]
+    Mills {
+        /// Addresses given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
     /// `token` is empty or too long.
     #[error("token: {len} bytes; must be 1-{max}")]
     Token {
@@ -406,6 +436,7 @@ impl ConfigError {
     /// The setting that was wrong (`engines` for any per-engine setting).
     pub fn setting(&self) -> &'static str {
         match self {
+            ConfigError::Mills { .. } => "mills",
             ConfigError::Token { .. } => "token",
             ConfigError::TooManyLabels { .. } | ConfigError::Label { .. } => "labels",
             ConfigError::EngineCount { .. }

@@ -123,8 +123,12 @@ pub enum ExecutorInput {
 /// Something the driver must do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExecutorOutput {
-    /// Open a connection to the mill; answer with `Connected` or `ConnectFailed`.
-    Connect,
+    /// Open a connection to `config.mills[mill]`; answer with `Connected` or
+    /// `ConnectFailed`.
+    Connect {
+        /// Index into [`ExecutorConfig::mills`].
+        mill: usize,
+    },
     /// Send a message on a connection.
     Send {
         /// The connection.
@@ -215,6 +219,11 @@ pub struct Executor {
     /// Every deadline, keyed (STYLE 13): nothing that ended keeps one.
     timers: TimerTable<Timer>,
     link: Link,
+    /// Which of `config.mills` the link dials (or dialed) — DESIGN §10.
+    mill: usize,
+    /// A standby's redirect was followed at once since the last `Welcome`: the next one waits
+    /// out the backoff, so two standbys naming each other cannot spin the executor.
+    redirected: bool,
     backoff: Backoff,
     /// When the mill last said something we accepted (E12, silence). At start, the store's
     /// last contact (the fence clock survives restarts, E12/I1), or the start if it has none.
@@ -251,6 +260,8 @@ impl Executor {
             seats: Seats::default(),
             timers: TimerTable::default(),
             link: Link::Down { retry_at: now },
+            mill: 0,
+            redirected: false,
             backoff,
             last_heard,
             snapshot_seqno: 0,

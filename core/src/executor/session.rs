@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::types::{bounded_reason, ConnId, Epoch, LeaseId, Seqno, Time};
+use crate::types::{bounded_reason, ConnId, Epoch, LeaseId, Seqno, Term, Time};
 use crate::wire::{
     SessionTimers, ToExecutor, ToMill, MAX_ACTIVE_LEASES, MAX_REASON, PROTOCOL_VERSION,
 };
@@ -83,8 +83,17 @@ impl Executor {
         }
     }
 
-    /// Closes `conn` (if given) and waits a backoff delay before dialing again (E11).
+    /// Closes `conn` (if given) and waits a backoff delay before dialing again (E11). A link
+    /// that never got its `Welcome` moves on to the next mill address (DESIGN §10); a
+    /// session that was up dials the same mill first.
     fn drop_link(&mut self, now: Time, close: Option<(ConnId, String)>) {
+        if !matches!(self.link, Link::Ready(_)) {
+            self.mill = (self.mill + 1) % self.config.mills.len().max(1);
+        }
+        self.close_link(now, close);
+    }
+
+    fn close_link(&mut self, now: Time, close: Option<(ConnId, String)>) {
         if let Some((conn, reason)) = close {
             let reason = bounded_reason(reason, MAX_REASON);
             self.emit(ExecutorOutput::Close { conn, reason });
@@ -93,6 +102,42 @@ impl Executor {
         self.link = Link::Down {
             retry_at: now.plus(delay),
         };
+    }
+
+    /// A mill refused the `Hello`. A standby names the leader (DESIGN §10): if that is one of
+    /// the configured addresses it is dialed next, at once the first time since the last
+    /// `Welcome`; otherwise the next address is, after the backoff.
+    fn refused(&mut self, now: Time, conn: ConnId, reason: String, leader: Option<String>) {
+        let reason = format!("refused by the mill: {reason}");
+        let hinted = leader.and_then(|l| self.config.mills.iter().position(|m| *m == l));
+        match hinted {
+            Some(i) if i != self.mill => {
+                self.mill = i;
+                self.close_link(now, Some((conn, reason)));
+                if !self.redirected {
+                    self.redirected = true;
+                    self.link = Link::Down { retry_at: now };
+                }
+            }
+            Some(_) | None => self.drop_link(now, Some((conn, reason))),
+        }
+    }
+
+    /// E13: `term` is below the highest this executor has seen: nothing of the message is
+    /// acted on; the mill is told (`Stale`) and the connection closed. A session that was
+    /// up dials the next address, for this mill no longer leads.
+    fn stale(&mut self, now: Time, conn: ConnId, what: &ToExecutor, term: Term) {
+        let seen = self.durable.term;
+        debug_assert!(term < seen, "only a lower term is stale");
+        self.send(conn, ToMill::Stale { term: seen });
+        self.mill = (self.mill + 1) % self.config.mills.len().max(1);
+        let reason = format!(
+            "stale term: the mill sent {} under term {}, below {} seen before (E13)",
+            MsgName(what),
+            term.get(),
+            seen.get()
+        );
+        self.close_link(now, Some((conn, reason)));
     }
 
     pub(super) fn link_deadline(&self) -> Option<Time> {
@@ -130,7 +175,8 @@ impl Executor {
         match due {
             Due::Dial => {
                 self.link = Link::Connecting { since: now };
-                self.emit(ExecutorOutput::Connect);
+                let mill = self.mill;
+                self.emit(ExecutorOutput::Connect { mill });
             }
             Due::GiveUp(close) => self.drop_link(now, close),
             Due::Periodic(conn) => {
@@ -159,6 +205,7 @@ impl Executor {
             labels: self.config.labels.iter().cloned().collect(),
             engines: self.config.engines.keys().cloned().collect(),
             stop_grace_ms: u32::try_from(self.config.stop_grace.as_millis()).unwrap_or(u32::MAX),
+            term: self.durable.term,
         };
         self.send(conn, hello);
         self.link = Link::Hello { conn, since: now };
@@ -197,12 +244,16 @@ impl Executor {
     }
 
     fn on_message_before_welcome(&mut self, now: Time, conn: ConnId, msg: ToExecutor) {
+        if let Some(term) = msg.term().filter(|t| *t < self.durable.term) {
+            return self.stale(now, conn, &msg, term);
+        }
         match msg {
-            ToExecutor::Welcome { cursor, timers } => self.on_welcome(now, conn, cursor, timers),
-            ToExecutor::Refused { reason } => {
-                let reason = format!("refused by the mill: {reason}");
-                self.drop_link(now, Some((conn, reason)));
-            }
+            ToExecutor::Welcome {
+                cursor,
+                timers,
+                term,
+            } => self.on_welcome(now, conn, cursor, timers, term),
+            ToExecutor::Refused { reason, leader } => self.refused(now, conn, reason, leader),
             other @ (ToExecutor::ReserveSeat { .. }
             | ToExecutor::CommitLease { .. }
             | ToExecutor::ReleaseLease { .. }
@@ -214,34 +265,71 @@ impl Executor {
         }
     }
 
+    /// E13: every command carries the session's term, which its `Welcome` made the highest
+    /// seen. A lower one is stale and acted on not at all; a higher one cannot come from the
+    /// mill that welcomed us, so the session is closed as confused (only a `Welcome` raises
+    /// the term).
     fn on_session_message(&mut self, now: Time, conn: ConnId, msg: ToExecutor) {
+        match msg.term() {
+            Some(term) if term < self.durable.term => return self.stale(now, conn, &msg, term),
+            Some(term) if term > self.durable.term => {
+                let reason = format!(
+                    "protocol: {} under term {}, but the session's Welcome had {} (E13)",
+                    MsgName(&msg),
+                    term.get(),
+                    self.durable.term.get()
+                );
+                return self.drop_link(now, Some((conn, reason)));
+            }
+            Some(_) | None => {}
+        }
         match msg {
             ToExecutor::Welcome { .. } => {
                 let reason = "protocol: second Welcome in one session".to_string();
                 self.drop_link(now, Some((conn, reason)));
             }
-            ToExecutor::Refused { reason } => {
+            ToExecutor::Refused { reason, leader: _ } => {
                 let reason = format!("refused by the mill: {reason}");
                 self.drop_link(now, Some((conn, reason)));
             }
             ToExecutor::ReserveSeat {
+                term: _,
                 lease,
                 job,
                 spec,
                 ttl,
                 direct,
             } => self.on_reserve(now, conn, lease, job, *spec, ttl, direct),
-            ToExecutor::CommitLease { lease, secrets } => self.on_commit(conn, lease, secrets),
-            ToExecutor::ReleaseLease { lease } => self.on_release(lease),
-            ToExecutor::CancelAttempt { lease, reason } => self.on_cancel(conn, lease, reason),
-            ToExecutor::Ack { epoch, up_to } => self.on_ack(now, conn, epoch, up_to),
+            ToExecutor::CommitLease {
+                term: _,
+                lease,
+                secrets,
+            } => self.on_commit(conn, lease, secrets),
+            ToExecutor::ReleaseLease { term: _, lease } => self.on_release(lease),
+            ToExecutor::CancelAttempt {
+                term: _,
+                lease,
+                reason,
+            } => self.on_cancel(conn, lease, reason),
+            ToExecutor::Ack {
+                term: _,
+                epoch,
+                up_to,
+            } => self.on_ack(now, conn, epoch, up_to),
         }
     }
 
     /// E6: the cursor says what the mill has. Events at or below it are dropped; a cursor
     /// that does not fit the outbox means the two sides disagree about this epoch, and
     /// going on would lose events, so the connection is closed with the reason.
-    fn on_welcome(&mut self, now: Time, conn: ConnId, cursor: Seqno, timers: SessionTimers) {
+    fn on_welcome(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        cursor: Seqno,
+        timers: SessionTimers,
+        term: Term,
+    ) {
         if let Some(problem) = self.unusable(&timers) {
             return self.drop_link(now, Some((conn, problem)));
         }
@@ -263,7 +351,13 @@ impl Executor {
         }
         self.last_heard = now;
         self.backoff.reset();
+        self.redirected = false;
         let mut writes = Vec::new();
+        // E13: the new term is durable before anything this mill says is acted on (every
+        // output below follows this step's `Persist`), so a restart never forgets it.
+        if term > self.durable.term {
+            writes.push(ExecutorWrite::Term(term));
+        }
         if cursor > acked {
             writes.push(ExecutorWrite::Trim { up_to: cursor });
         }

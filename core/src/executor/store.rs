@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::job::TerminalStatus;
-use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Time};
+use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Term, Time};
 use crate::wire::{EndCause, Event, SessionTimers};
 
 /// A committed job, as much as a restart needs to report its end (E9).
@@ -59,6 +59,9 @@ pub struct ExecutorSnapshot {
     /// its configured ones (M1, E12): a restarted executor fences by the grace the mill
     /// counts, not by a flag that may differ. `None` until the first `Welcome`.
     pub timers: Option<SessionTimers>,
+    /// The highest mill term this executor has seen (E13; 0 for none): durable before
+    /// anything of that term is acted on, so no restart brings back a deposed mill's say.
+    pub term: Term,
 }
 
 impl StopReason {
@@ -113,6 +116,8 @@ pub enum ExecutorWrite {
     },
     /// A `Welcome` carried timers other than those the executor ran on: replaces `timers`.
     Timers(SessionTimers),
+    /// A `Welcome` carried a term above every one seen (E13): replaces `term`.
+    Term(Term),
 }
 
 /// Writes the driver applies atomically, before acting on any later output.
@@ -136,7 +141,8 @@ impl ExecutorBatch {
             | ExecutorWrite::JobCommitted { .. }
             | ExecutorWrite::JobStopping { .. }
             | ExecutorWrite::JobEnded { .. }
-            | ExecutorWrite::Timers(_) => true,
+            | ExecutorWrite::Timers(_)
+            | ExecutorWrite::Term(_) => true,
         })
     }
 }
@@ -169,6 +175,7 @@ impl ExecutorSnapshot {
             jobs: BTreeMap::new(),
             last_contact: None,
             timers: None,
+            term: Term(0),
         }
     }
 
@@ -198,6 +205,7 @@ impl ExecutorSnapshot {
                 }
                 ExecutorWrite::Contact { at } => self.last_contact = Some(*at),
                 ExecutorWrite::Timers(t) => self.timers = Some(*t),
+                ExecutorWrite::Term(t) => self.term = self.term.max(*t),
             }
         }
     }

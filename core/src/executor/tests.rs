@@ -12,6 +12,8 @@ use crate::job::{Identity, JobSpec, LogRef, TerminalStatus};
 use crate::types::{ConnId, Epoch, JobId, LeaseId, NodeId, Resources, Seqno, Time};
 use crate::wire::{EndCause, Event, EventKind, RejectKind, SessionTimers, ToExecutor, ToMill};
 
+mod term;
+
 const EPOCH: Epoch = Epoch(7);
 const L1: LeaseId = LeaseId(1);
 const L2: LeaseId = LeaseId(2);
@@ -59,7 +61,7 @@ fn secs(s: u64) -> Duration {
 /// One output, named; exhaustive over outputs and messages so a new variant fails here.
 fn name(o: &ExecutorOutput) -> String {
     match o {
-        ExecutorOutput::Connect => "connect".into(),
+        ExecutorOutput::Connect { .. } => "connect".into(),
         ExecutorOutput::Send { msg, .. } => format!("send:{}", msg_name(msg)),
         ExecutorOutput::Close { .. } => "close".into(),
         ExecutorOutput::Persist(_) => "persist".into(),
@@ -78,6 +80,7 @@ fn msg_name(m: &ToMill) -> &'static str {
         ToMill::EventBatch { .. } => "EventBatch",
         ToMill::CancelAck { .. } => "CancelAck",
         ToMill::LiveLog { .. } => "LiveLog",
+        ToMill::Stale { .. } => "Stale",
     }
 }
 
@@ -89,7 +92,7 @@ fn sent(outs: &[ExecutorOutput]) -> Vec<ToMill> {
     outs.iter()
         .filter_map(|o| match o {
             ExecutorOutput::Send { msg, .. } => Some(msg.clone()),
-            ExecutorOutput::Connect
+            ExecutorOutput::Connect { .. }
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::Persist(_)
             | ExecutorOutput::StartJob { .. }
@@ -112,7 +115,7 @@ fn all_writes(outs: &[ExecutorOutput]) -> Vec<ExecutorWrite> {
     outs.iter()
         .filter_map(|o| match o {
             ExecutorOutput::Persist(b) => Some(b.writes.clone()),
-            ExecutorOutput::Connect
+            ExecutorOutput::Connect { .. }
             | ExecutorOutput::Send { .. }
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::StartJob { .. }
@@ -285,7 +288,7 @@ impl Harness {
                     }
                 }
                 ExecutorOutput::Send { .. }
-                | ExecutorOutput::Connect
+                | ExecutorOutput::Connect { .. }
                 | ExecutorOutput::Close { .. }
                 | ExecutorOutput::StartJob { .. }
                 | ExecutorOutput::AdoptJob { .. }
@@ -320,6 +323,16 @@ impl Harness {
 
     /// [`Harness::connect`] by a mill on `timers`.
     fn connect_with(&mut self, cursor: Seqno, timers: SessionTimers) -> Vec<ExecutorOutput> {
+        self.connect_as(cursor, timers, crate::types::Term(1))
+    }
+
+    /// [`Harness::connect_with`] by a mill of `term` (E13).
+    fn connect_as(
+        &mut self,
+        cursor: Seqno,
+        timers: SessionTimers,
+        term: crate::types::Term,
+    ) -> Vec<ExecutorOutput> {
         self.conns += 1;
         let conn = ConnId(self.conns);
         let outs = self.feed(ExecutorInput::Connected { conn });
@@ -337,7 +350,11 @@ impl Harness {
             other => panic!("expected Hello, got {other:?}"),
         }
         self.conn = Some(conn);
-        self.mill(ToExecutor::Welcome { cursor, timers })
+        self.mill(ToExecutor::Welcome {
+            term,
+            cursor,
+            timers,
+        })
     }
 
     fn mill(&mut self, msg: ToExecutor) -> Vec<ExecutorOutput> {
@@ -360,6 +377,7 @@ impl Harness {
 
     fn reserve(&mut self, lease: LeaseId, spec: JobSpec) -> Vec<ExecutorOutput> {
         self.mill(ToExecutor::ReserveSeat {
+            term: crate::types::Term(1),
             lease,
             job: JobId(lease.get() + 100),
             spec: Box::new(spec),
@@ -370,7 +388,11 @@ impl Harness {
 
     fn commit(&mut self, lease: LeaseId) -> Vec<ExecutorOutput> {
         let secrets = BTreeMap::from([("TOKEN".to_string(), "hunter2".to_string())]);
-        self.mill(ToExecutor::CommitLease { lease, secrets })
+        self.mill(ToExecutor::CommitLease {
+            term: crate::types::Term(1),
+            lease,
+            secrets,
+        })
     }
 
     /// Reserve, commit and report the engine started: a running job.
@@ -508,7 +530,10 @@ fn m34_three_whole_cpu_jobs_on_a_64_cpu_engine_run_one_at_a_time() {
         let probe = LeaseId(50 + lease.get());
         let (accepted, ..) = reserve_result(&h.reserve(probe, light));
         assert!(accepted, "a job without a CPU ask fits beside it");
-        h.mill(ToExecutor::ReleaseLease { lease: probe });
+        h.mill(ToExecutor::ReleaseLease {
+            term: crate::types::Term(1),
+            lease: probe,
+        });
         h.exited(lease, TerminalStatus::Success);
     }
 }
@@ -562,6 +587,7 @@ fn e2_repeated_reserve_is_idempotent_and_a_conflicting_one_is_refused() {
     let again = reserve_result(&h.reserve(L1, spec("docker")));
     assert_eq!(first, again);
     let conflicting = h.mill(ToExecutor::ReserveSeat {
+        term: crate::types::Term(1),
         lease: L1,
         job: JobId(999),
         spec: Box::new(spec("docker")),
@@ -580,6 +606,7 @@ fn e2_repeated_reserve_is_idempotent_and_a_conflicting_one_is_refused() {
 fn e3_uncommitted_reservation_frees_itself_after_ttl() {
     let mut h = Harness::ready(config());
     let outs = h.mill(ToExecutor::ReserveSeat {
+        term: crate::types::Term(1),
         lease: L1,
         job: JobId(1),
         spec: Box::new(spec("shell")),
@@ -606,6 +633,7 @@ fn e3_uncommitted_reservation_frees_itself_after_ttl() {
 fn e3_ttl_is_capped_by_reconnect_grace() {
     let mut h = Harness::ready(config());
     h.mill(ToExecutor::ReserveSeat {
+        term: crate::types::Term(1),
         lease: L1,
         job: JobId(1),
         spec: Box::new(spec("docker")),
@@ -755,18 +783,21 @@ fn e5_events_are_persisted_before_sent_and_trimmed_on_ack() {
     assert_eq!(h.store.outbox.len(), 2);
 
     let outs = h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(1),
     });
     assert_eq!(writes(&outs), [ExecutorWrite::Trim { up_to: Seqno(1) }]);
     assert_eq!(h.store.outbox.len(), 1);
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
     assert!(h.store.outbox.is_empty());
     // A repeated ack changes nothing and writes nothing.
     let outs = h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
@@ -803,6 +834,7 @@ fn e5_only_trims_and_contact_marks_are_written_without_waiting_for_the_disk() {
         log: None,
     }));
     sort(&h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     }));
@@ -840,6 +872,7 @@ fn e5_ack_beyond_what_was_sent_or_for_another_epoch_trims_nothing() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
     let outs = h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(5),
     });
@@ -851,6 +884,7 @@ fn e5_ack_beyond_what_was_sent_or_for_another_epoch_trims_nothing() {
     assert_eq!(names(&outs), ["connect"]);
     h.connect(Seqno(0));
     let outs = h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: Epoch(99),
         up_to: Seqno(1),
     });
@@ -940,6 +974,7 @@ fn e6_messages_before_welcome_close_the_connection() {
     assert_eq!(h.exec.reserved_leases().count(), 0);
     // Welcome on the dead connection changes nothing.
     let outs = h.mill(ToExecutor::Welcome {
+        term: crate::types::Term(1),
         cursor: Seqno(0),
         timers: config().session_timers(),
     });
@@ -953,6 +988,7 @@ fn e6_refused_closes_and_backs_off() {
     h.feed(ExecutorInput::Connected { conn: ConnId(1) });
     h.conn = Some(ConnId(1));
     let outs = h.mill(ToExecutor::Refused {
+        leader: None,
         reason: "quarantined".into(),
     });
     match outs.as_slice() {
@@ -986,6 +1022,7 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "cancelled by alice".into(),
     });
@@ -1011,6 +1048,7 @@ fn e7_cancel_is_acked_at_once_and_ends_cancelled() {
     );
     // A repeat is acked again, with no second stop.
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "again".into(),
     });
@@ -1050,7 +1088,11 @@ fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
         stopped = outs
             .iter()
             .any(|o| matches!(o, ExecutorOutput::StopJob { lease: L1, .. }));
-        if !stopped && outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if !stopped
+            && outs
+                .iter()
+                .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }
@@ -1059,10 +1101,11 @@ fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
         .until_deadline()
         .1
         .iter()
-        .any(|o| matches!(o, ExecutorOutput::Connect))
+        .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
     {}
     h.connect(Seqno(0));
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "cancelled by alice".into(),
     });
@@ -1093,6 +1136,7 @@ fn e7_cancel_reaching_a_fenced_job_before_it_exits_ends_it_cancelled() {
 fn e7_cancel_of_unknown_lease_is_acked() {
     let mut h = Harness::ready(config());
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: LeaseId(77),
         reason: "untracked".into(),
     });
@@ -1105,6 +1149,7 @@ fn e7_cancel_of_a_reservation_drops_it() {
     let mut h = Harness::ready(config());
     h.reserve(L1, spec("shell"));
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "user".into(),
     });
@@ -1119,12 +1164,18 @@ fn e7_cancel_of_a_reservation_drops_it() {
 fn e8_release_never_stops_a_running_job() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
-    let outs = h.mill(ToExecutor::ReleaseLease { lease: L1 });
+    let outs = h.mill(ToExecutor::ReleaseLease {
+        term: crate::types::Term(1),
+        lease: L1,
+    });
     assert!(outs.is_empty(), "{:?}", names(&outs));
     assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L1]);
 
     h.reserve(L2, spec("docker"));
-    h.mill(ToExecutor::ReleaseLease { lease: L2 });
+    h.mill(ToExecutor::ReleaseLease {
+        term: crate::types::Term(1),
+        lease: L2,
+    });
     assert_eq!(h.exec.reserved_leases().count(), 0);
 }
 
@@ -1135,7 +1186,7 @@ fn adoptions(outs: &[ExecutorOutput]) -> Vec<(LeaseId, JobId)> {
     outs.iter()
         .filter_map(|o| match o {
             ExecutorOutput::AdoptJob { lease, job } => Some((*lease, *job)),
-            ExecutorOutput::Connect
+            ExecutorOutput::Connect { .. }
             | ExecutorOutput::Send { .. }
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::Persist(_)
@@ -1151,6 +1202,7 @@ fn e9_restart_adopts_jobs_through_their_supervisors_and_starts_none_again() {
     h.run(L1, "shell");
     h.run(L2, "docker");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
@@ -1173,6 +1225,7 @@ fn e14_an_adopted_job_that_still_runs_keeps_its_lease_and_reports_its_real_end()
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(1),
     });
@@ -1233,6 +1286,7 @@ fn e9_only_a_job_whose_supervisor_is_gone_ends_executor_restarted() {
     h.run(L1, "shell");
     h.run(L2, "docker");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
@@ -1264,6 +1318,7 @@ fn e14_a_cancelled_adopted_job_is_stopped_through_its_supervisor_and_ends_cancel
     h.feed(ExecutorInput::JobStarted { lease: L1 });
     h.connect(Seqno(1));
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "user".into(),
     });
@@ -1305,6 +1360,7 @@ fn e9_a_prompt_restart_keeps_adopted_jobs_running() {
         let (_, outs) = h.until_deadline();
         assert!(!names(&outs).contains(&"stop".to_string()), "{outs:?}");
         h.mill(ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: EPOCH,
             up_to: Seqno(1),
         });
@@ -1330,7 +1386,10 @@ fn e12_self_fencing_stops_adopted_jobs_too() {
         stopped = outs
             .iter()
             .any(|o| matches!(o, ExecutorOutput::StopJob { lease, .. } if *lease == L1));
-        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }
@@ -1506,10 +1565,12 @@ fn e9_restart_after_a_cancel_ack_ends_the_job_cancelled() {
     h.run(L1, "shell");
     h.run(L2, "docker");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
     let outs = h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L1,
         reason: "cancelled by alice".into(),
     });
@@ -1552,13 +1613,17 @@ fn e9_restart_after_self_fencing_reports_lost_contact() {
     let mut h = Harness::ready(config());
     h.run(L1, "shell");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(1),
     });
     h.disconnect();
     while h.store.jobs.get(&L1).and_then(|j| j.stop.clone()).is_none() {
         let (_, outs) = h.until_deadline();
-        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }
@@ -1594,7 +1659,7 @@ fn e12_self_fences_after_reconnect_grace() {
         for o in &outs {
             match o {
                 ExecutorOutput::StopJob { lease, grace } => stops.push((*lease, *grace, h.now)),
-                ExecutorOutput::Connect => {}
+                ExecutorOutput::Connect { .. } => {}
                 // The fence's stop is durable before the stop (E12, E9).
                 ExecutorOutput::Persist(b) => assert_eq!(
                     b.writes,
@@ -1609,7 +1674,10 @@ fn e12_self_fences_after_reconnect_grace() {
                 | ExecutorOutput::AdoptJob { .. } => panic!("unexpected {o:?}"),
             }
         }
-        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }
@@ -1660,6 +1728,7 @@ fn e12_reconnecting_within_grace_keeps_jobs_running() {
             assert!(!matches!(o, ExecutorOutput::StopJob { .. }), "{o:?}");
         }
         h.mill(ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: EPOCH,
             up_to: Seqno(1),
         });
@@ -1679,6 +1748,7 @@ fn e12_a_silent_mill_is_probed_then_its_connection_closed() {
     // An ack heard within the interval means the next periodic snapshot needs no probe.
     h.advance(secs(1));
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(0),
     });
@@ -1705,7 +1775,7 @@ fn stops(outs: &[ExecutorOutput]) -> Vec<LeaseId> {
     outs.iter()
         .filter_map(|o| match o {
             ExecutorOutput::StopJob { lease, .. } => Some(*lease),
-            ExecutorOutput::Connect
+            ExecutorOutput::Connect { .. }
             | ExecutorOutput::Send { .. }
             | ExecutorOutput::Close { .. }
             | ExecutorOutput::Persist(_)
@@ -1766,7 +1836,10 @@ fn e12_a_restart_does_not_restart_the_fence_clock() {
     while stopped.is_empty() {
         let (_, outs) = h.until_deadline();
         stopped = stops(&outs);
-        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }
@@ -1823,6 +1896,7 @@ fn e12_contact_is_persisted_at_most_once_per_snapshot_interval_and_only_while_jo
     let interval = h.config.snapshot_interval;
     h.run(L1, "shell");
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(1),
     });
@@ -1831,6 +1905,7 @@ fn e12_contact_is_persisted_at_most_once_per_snapshot_interval_and_only_while_jo
     while h.now < start.plus(secs(120)) {
         let (_, mut outs) = h.until_deadline();
         outs.extend(h.mill(ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: EPOCH,
             up_to: Seqno(1),
         }));
@@ -1857,6 +1932,7 @@ fn e12_contact_is_persisted_at_most_once_per_snapshot_interval_and_only_while_jo
 
     h.exited(L1, TerminalStatus::Success);
     h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(2),
     });
@@ -1864,6 +1940,7 @@ fn e12_contact_is_persisted_at_most_once_per_snapshot_interval_and_only_while_jo
     while h.now < idle.plus(secs(120)) {
         let (_, mut outs) = h.until_deadline();
         outs.extend(h.mill(ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: EPOCH,
             up_to: Seqno(2),
         }));
@@ -1913,6 +1990,7 @@ fn e5_outbox_full_stops_taking_seats() {
 
     // Acks make room and availability comes back with a snapshot.
     let outs = h.mill(ToExecutor::Ack {
+        term: crate::types::Term(1),
         epoch: EPOCH,
         up_to: Seqno(3),
     });
@@ -1936,6 +2014,7 @@ fn stale_connections_and_unexpected_inputs_are_ignored_or_closed() {
     let outs = h.feed(ExecutorInput::Message {
         conn: ConnId(99),
         msg: ToExecutor::CancelAttempt {
+            term: crate::types::Term(1),
             lease: L1,
             reason: "x".into(),
         },
@@ -1947,6 +2026,7 @@ fn stale_connections_and_unexpected_inputs_are_ignored_or_closed() {
     assert!(h.exec.is_ready());
     // A second Welcome is a protocol error.
     let outs = h.mill(ToExecutor::Welcome {
+        term: crate::types::Term(1),
         cursor: Seqno(0),
         timers: config().session_timers(),
     });
@@ -2129,7 +2209,9 @@ fn one_input_sequence_gives_one_output_sequence() {
         all.extend(h.exited(L1, TerminalStatus::Success));
         for _ in 0..4 {
             let (_, outs) = h.until_deadline();
-            let dialed = outs.iter().any(|o| matches!(o, ExecutorOutput::Connect));
+            let dialed = outs
+                .iter()
+                .any(|o| matches!(o, ExecutorOutput::Connect { .. }));
             all.extend(outs);
             if dialed {
                 all.extend(h.feed(ExecutorInput::ConnectFailed));
@@ -2138,6 +2220,7 @@ fn one_input_sequence_gives_one_output_sequence() {
         all.extend(h.until_deadline().1);
         all.extend(h.connect(Seqno(1)));
         all.extend(h.mill(ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: EPOCH,
             up_to: Seqno(2),
         }));
@@ -2170,10 +2253,14 @@ fn e3_a_reservation_that_ends_leaves_no_ttl_behind() {
     // Released, cancelled, committed: each takes its ttl with it.
     h.reserve(L1, spec("shell"));
     assert_eq!(h.exec.timer_count(), baseline + 1);
-    h.mill(ToExecutor::ReleaseLease { lease: L1 });
+    h.mill(ToExecutor::ReleaseLease {
+        term: crate::types::Term(1),
+        lease: L1,
+    });
     assert_eq!(h.exec.timer_count(), baseline);
     h.reserve(L2, spec("shell"));
     h.mill(ToExecutor::CancelAttempt {
+        term: crate::types::Term(1),
         lease: L2,
         reason: "user".into(),
     });
@@ -2212,7 +2299,10 @@ fn time_to_fence(h: &mut Harness, lease: LeaseId, bound: Duration) -> Option<Dur
         {
             return Some(waited);
         }
-        if outs.iter().any(|o| matches!(o, ExecutorOutput::Connect)) {
+        if outs
+            .iter()
+            .any(|o| matches!(o, ExecutorOutput::Connect { .. }))
+        {
             h.feed(ExecutorInput::ConnectFailed);
         }
     }

@@ -56,6 +56,10 @@ pub struct MillConfig {
     /// (SIGTERM to SIGKILL; an executor with a longer `stop_grace` is refused at `Hello`)
     /// and message delay. Default 30 s.
     pub retry_fence: Duration,
+    /// This mill's leadership term (E13, DESIGN §10): the driver takes it from the store
+    /// before the mill starts (a SQLite store counts up at every start; a shared store by
+    /// campaign) and every message to an executor carries it. At least 1. Default 1.
+    pub term: crate::types::Term,
 }
 
 impl Default for MillConfig {
@@ -79,6 +83,7 @@ impl Default for MillConfig {
             max_sessions: 10_000,
             terminal_memory: 4096,
             quota: QuotaConfig::default(),
+            term: crate::types::Term(1),
         }
     }
 }
@@ -130,6 +135,13 @@ impl MillConfig {
             if value.is_zero() {
                 return Err(err(setting, value, "must be greater than zero"));
             }
+        }
+        if self.term.get() == 0 {
+            return Err(err(
+                "term",
+                self.term.get(),
+                "must be at least 1 (0 means no term, E13)",
+            ));
         }
         if self.snapshot_interval * 2 >= self.silence_timeout {
             return Err(err(

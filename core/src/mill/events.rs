@@ -100,7 +100,8 @@ impl Mill {
             });
         }
         // M20, M23: acked after the persist, replays included.
-        self.send(conn, ToExecutor::Ack { epoch, up_to });
+        let term = self.config.term;
+        self.send(conn, ToExecutor::Ack { term, epoch, up_to });
     }
 
     /// Applies one new event (M21, M24); true if it was for a lease the node held (work

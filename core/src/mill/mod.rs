@@ -224,6 +224,17 @@ pub enum Observation {
         /// The executor.
         node: NodeId,
     },
+    /// An executor has seen a term above this mill's (E13): in a `Hello` (refused), or by
+    /// answering `Stale`. The mill may have been deposed; its driver checks the store and
+    /// steps down if so. A hint, not a verdict: only the store says who leads.
+    Deposed {
+        /// The executor that said so.
+        node: NodeId,
+        /// This mill's term.
+        ours: crate::types::Term,
+        /// The term the executor has seen.
+        seen: crate::types::Term,
+    },
     /// A Hello was refused (M1, M2).
     Refused {
         /// The connection.
@@ -836,7 +847,8 @@ impl Mill {
         if !self.released_to.contains(&conn) {
             self.released_to.push(conn);
         }
-        self.send(conn, ToExecutor::ReleaseLease { lease });
+        let term = self.config.term;
+        self.send(conn, ToExecutor::ReleaseLease { term, lease });
     }
 
     /// M12: sends an ask ahead of the step's `Persist` when it depends on none of the step's

@@ -673,6 +673,7 @@ impl Mill {
             conn,
             lease,
             ToExecutor::ReserveSeat {
+                term: self.config.term,
                 lease,
                 job,
                 spec: Box::new(spec),
@@ -1137,6 +1138,7 @@ impl Mill {
         self.send(
             conn,
             ToExecutor::ReserveSeat {
+                term: self.config.term,
                 lease,
                 job,
                 spec,
@@ -1171,6 +1173,7 @@ impl Mill {
         self.send(
             conn,
             ToExecutor::CommitLease {
+                term: self.config.term,
                 lease,
                 secrets: BTreeMap::new(),
             },

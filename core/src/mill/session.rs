@@ -8,7 +8,7 @@ use super::{
     RarePath, RequestError, Timer, ViolationKind,
 };
 use crate::job::{Terminal, TerminalCause, TerminalStatus};
-use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Time};
+use crate::types::{ConnId, Epoch, LeaseId, NodeId, Seqno, Term, Time};
 use crate::wire::{self, EngineStatus, ToExecutor, ToMill};
 
 /// Idle epochs of a node whose cursors are kept, beyond its live ones (see
@@ -158,6 +158,7 @@ impl Mill {
                     labels,
                     engines,
                     stop_grace_ms,
+                    term,
                 },
             ) => {
                 self.hello(
@@ -169,6 +170,7 @@ impl Mill {
                     labels,
                     engines,
                     std::time::Duration::from_millis(u64::from(stop_grace_ms)),
+                    term,
                 );
                 return;
             }
@@ -214,6 +216,7 @@ impl Mill {
             }
             ToMill::EventBatch { epoch, events } => self.on_event_batch(&node, epoch, events),
             ToMill::CancelAck { lease } => self.on_cancel_ack(&node, lease),
+            ToMill::Stale { term } => self.on_stale(&node, conn, term),
             ToMill::LiveLog {
                 lease,
                 offset,
@@ -234,12 +237,36 @@ impl Mill {
         }
     }
 
+    /// E13: the executor has seen a higher term than ours and acted on nothing we sent
+    /// since; it closes the connection, and so do we. A hint that this mill may be
+    /// deposed (its driver checks the store before stepping down: an executor's word alone
+    /// must not stop a mill that still leads). The node enters grace as on any disconnect.
+    fn on_stale(&mut self, node: &NodeId, conn: ConnId, seen: Term) {
+        let ours = self.config.term;
+        self.observe(Observation::Deposed {
+            node: node.clone(),
+            ours,
+            seen,
+        });
+        self.drop_conn(conn);
+        self.detach(node);
+        self.emit(MillOutput::Close {
+            conn,
+            reason: format!(
+                "node {node} has seen term {}, above this mill's {} (E13)",
+                seen.get(),
+                ours.get()
+            ),
+        });
+    }
+
     fn refuse(&mut self, conn: ConnId, why: String) {
         self.drop_conn(conn);
         self.send(
             conn,
             ToExecutor::Refused {
                 reason: why.clone(),
+                leader: None,
             },
         );
         self.emit(MillOutput::Close {
@@ -261,6 +288,7 @@ impl Mill {
         labels: Vec<String>,
         engines: Vec<String>,
         stop_grace: std::time::Duration,
+        seen: Term,
     ) {
         if version != wire::PROTOCOL_VERSION {
             let why = format!(
@@ -277,6 +305,22 @@ impl Mill {
             if !constant_time_eq(expected.as_bytes(), token.as_bytes()) {
                 return self.refuse(conn, format!("node {node}: token not accepted"));
             }
+        }
+        // E13: only after the token, so that no stranger can make a mill doubt its term.
+        if seen > self.config.term {
+            self.observe(Observation::Deposed {
+                node: node.clone(),
+                ours: self.config.term,
+                seen,
+            });
+            return self.refuse(
+                conn,
+                format!(
+                    "node {node} has seen term {}, above this mill's term {} (E13): this mill no longer leads",
+                    seen.get(),
+                    self.config.term.get()
+                ),
+            );
         }
         if self.quarantined.contains(&node) {
             return self.refuse(
@@ -368,7 +412,15 @@ impl Mill {
         self.forget_old_epochs(&node);
         let cursor = self.cursor(&node, epoch);
         let timers = self.config.session_timers();
-        self.send(conn, ToExecutor::Welcome { cursor, timers });
+        let term = self.config.term;
+        self.send(
+            conn,
+            ToExecutor::Welcome {
+                cursor,
+                timers,
+                term,
+            },
+        );
         self.reindex(&node);
     }
 
@@ -858,6 +910,7 @@ impl Mill {
         self.send(
             conn,
             ToExecutor::CancelAttempt {
+                term: self.config.term,
                 lease,
                 reason: reason(why),
             },

@@ -29,7 +29,7 @@ fn kinds(h: &H, conn: ConnId) -> Vec<(&'static str, LeaseId, bool)> {
         .filter_map(|m| match m {
             ToExecutor::ReserveSeat { lease, direct, .. } => Some(("reserve", lease, direct)),
             ToExecutor::CommitLease { lease, .. } => Some(("commit", lease, false)),
-            ToExecutor::ReleaseLease { lease } => Some(("release", lease, false)),
+            ToExecutor::ReleaseLease { term: _, lease } => Some(("release", lease, false)),
             _ => None,
         })
         .collect()

@@ -71,6 +71,7 @@ fn m20_a_replay_is_dropped_and_still_acked() {
     assert_eq!(
         h.sent(a),
         vec![ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: Epoch(1),
             up_to: Seqno(1)
         }]
@@ -113,6 +114,7 @@ fn m21_events_for_leases_the_node_does_not_hold_are_skipped_but_advance_the_curs
     assert_eq!(
         h.sent(b),
         vec![ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: Epoch(1),
             up_to: Seqno(2)
         }]
@@ -360,6 +362,7 @@ fn m23_an_empty_batch_is_acked_so_executors_can_use_it_as_a_heartbeat() {
     assert_eq!(
         h.sent(a),
         vec![ToExecutor::Ack {
+            term: crate::types::Term(1),
             epoch: Epoch(1),
             up_to: Seqno(0)
         }]

@@ -10,6 +10,7 @@ mod restart;
 mod retries;
 mod review;
 mod sessions;
+mod term;
 mod timers;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +48,7 @@ pub(super) fn config() -> MillConfig {
 /// The `Welcome` the test mill (on [`config`]) sends with cursor `cursor` (M1).
 pub(super) fn welcome(cursor: u64) -> ToExecutor {
     ToExecutor::Welcome {
+        term: crate::types::Term(1),
         cursor: Seqno(cursor),
         timers: config().session_timers(),
     }
@@ -252,6 +254,7 @@ impl H {
         self.msg(
             conn,
             ToMill::Hello {
+                term: crate::types::Term(0),
                 stop_grace_ms: 10_000,
                 protocol_version: crate::wire::PROTOCOL_VERSION,
                 node_id: name.into(),
@@ -348,7 +351,7 @@ impl H {
         self.sent(conn)
             .into_iter()
             .filter_map(|m| match m {
-                ToExecutor::ReleaseLease { lease } => Some(lease),
+                ToExecutor::ReleaseLease { term: _, lease } => Some(lease),
                 _ => None,
             })
             .collect()
@@ -373,7 +376,7 @@ impl H {
 
     pub fn refused(&self, conn: ConnId) -> Option<String> {
         self.sent(conn).into_iter().find_map(|m| match m {
-            ToExecutor::Refused { reason } => Some(reason),
+            ToExecutor::Refused { leader: _, reason } => Some(reason),
             _ => None,
         })
     }

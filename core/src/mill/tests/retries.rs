@@ -178,6 +178,7 @@ fn m32_hello_with_a_stop_grace_above_the_retry_fence_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
+            term: crate::types::Term(0),
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: "slow".into(),
             epoch: Epoch(1),

@@ -19,6 +19,7 @@ fn ready_with(h: &mut H, name: &str, engine: &str, capacity: u32) -> ConnId {
     h.msg(
         conn,
         ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: name.into(),
@@ -375,7 +376,11 @@ impl Chaos {
                             ToExecutor::CancelAttempt { lease, .. } => {
                                 remember(&mut f.cancels, *lease);
                             }
-                            ToExecutor::Ack { epoch, up_to } => {
+                            ToExecutor::Ack {
+                                term: _,
+                                epoch,
+                                up_to,
+                            } => {
                                 // I4: no ack exceeds the durable cursor.
                                 let stored = self.h.store.cursors.get(&(node(&f.name), *epoch));
                                 assert!(
@@ -396,6 +401,7 @@ impl Chaos {
                             Observation::Applied { .. } => "applied".to_string(),
                             Observation::Retried { .. } => "retried".to_string(),
                             Observation::QuotaWait { .. } => "quota-wait".to_string(),
+                            Observation::Deposed { .. } => "deposed".to_string(),
                             Observation::Rare(p) => format!("{p:?}"),
                         };
                         *self.seen.entry(kind).or_insert(0) += 1;
@@ -507,6 +513,7 @@ impl Chaos {
         f.engines = engines.clone();
         self.owner.insert(conn, i);
         let msg = ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: f.name.clone(),
@@ -676,6 +683,7 @@ impl Chaos {
             }
         } else if roll < 95 {
             ToMill::Hello {
+                term: crate::types::Term(0),
                 stop_grace_ms: 10_000,
                 protocol_version: crate::wire::PROTOCOL_VERSION,
                 node_id: self.fakes[i].name.clone(),
@@ -744,7 +752,7 @@ impl Chaos {
                     }
                     ToMill::CommitResult { lease, committed }
                 }
-                ToExecutor::ReleaseLease { lease } => {
+                ToExecutor::ReleaseLease { term: _, lease } => {
                     if !f.running.contains(&lease) {
                         f.holds.retain(|l| *l != lease);
                     }

@@ -23,6 +23,7 @@ fn m1_unsupported_version_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: 999,
             node_id: "a".into(),
@@ -56,6 +57,7 @@ fn m1_wrong_token_is_refused() {
     h.msg(
         conn,
         ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: "a".into(),

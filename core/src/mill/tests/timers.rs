@@ -138,6 +138,7 @@ fn m5_a_node_quarantined_or_lost_leaves_no_timer_for_it() {
     h.msg(
         conn,
         ToMill::Hello {
+            term: crate::types::Term(0),
             stop_grace_ms: 10_000,
             protocol_version: crate::wire::PROTOCOL_VERSION,
             node_id: "a".into(),
