@@ -30,6 +30,9 @@ mod sqlite;
 mod store;
 mod supervisor;
 mod syncs;
+#[cfg(test)]
+#[path = "../tests/common/pg.rs"]
+mod test_pg;
 mod tls;
 
 use std::process::ExitCode;
@@ -317,7 +320,9 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
 }
 
 async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
-    if std::env::var_os("MILLRACE_STORE").is_some_and(|s| !s.to_string_lossy().starts_with("sqlite:")) {
+    if std::env::var_os("MILLRACE_STORE")
+        .is_some_and(|s| !s.to_string_lossy().starts_with("sqlite:"))
+    {
         return Err("MILLRACE_STORE is set, but standalone keeps its store in SQLite under --data; run `millrace mill --store postgres://…` and an executor instead".into());
     }
     let quota = quota_config(a.config.as_deref())?;

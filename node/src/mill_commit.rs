@@ -15,8 +15,8 @@ use millrace_core::mill::MillBatch;
 use tokio::sync::mpsc;
 
 use crate::mill_store::Purged;
-use crate::store::Store;
 use crate::sqlite::StoreError;
+use crate::store::Store;
 
 /// What the driver asks of the committer.
 #[derive(Debug)]
@@ -56,10 +56,7 @@ pub struct Committer {
 
 impl Committer {
     /// Starts the thread on `store`; answers go to `done`.
-    pub fn start(
-        mut store: Store,
-        done: mpsc::UnboundedSender<Finished>,
-    ) -> std::io::Result<Self> {
+    pub fn start(mut store: Store, done: mpsc::UnboundedSender<Finished>) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Work>();
         let thread = std::thread::Builder::new()
             .name("mill-commit".into())

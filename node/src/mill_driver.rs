@@ -32,9 +32,9 @@ use crate::logs::{Ending, LogMsg};
 use crate::metrics::MillMetrics;
 use crate::mill_commit::{Committer, Finished, Work};
 use crate::mill_store::Purged;
-use crate::store::Store;
 use crate::net::ConnOut;
 use crate::sqlite::StoreError;
+use crate::store::Store;
 
 /// Commands queued for the mill driver, at most.
 pub const CMD_QUEUE: usize = 16 * 1024;

@@ -1268,34 +1268,92 @@ pub(crate) mod tests {
                     },
                 ],
             },
+            // Job 1's first attempt fails and is retried behind a fence (M32); what it
+            // held goes; lower counters change nothing.
+            MillBatch {
+                writes: vec![
+                    MillWrite::Attempt(Box::new(millrace_core::mill::AttemptEnd {
+                        job: JobId(1),
+                        attempt: 1,
+                        lease: LeaseId(7),
+                        node: node.clone(),
+                        status: Some(TerminalStatus::Failed),
+                        cause: Some(millrace_core::TerminalCause::ExecutorLost),
+                        exit_code: Some(3),
+                        error: Some("lost".into()),
+                        outcome: AttemptOutcome::Retried { fenced: true },
+                    })),
+                    MillWrite::LeaseDelete { lease: LeaseId(7) },
+                    MillWrite::QuotaRelease { job: JobId(1) },
+                    MillWrite::JobState {
+                        job: JobId(1),
+                        state: JobState::Queued,
+                    },
+                    MillWrite::Cursor {
+                        node: node.clone(),
+                        epoch: Epoch(9),
+                        seqno: Seqno(1),
+                    },
+                    MillWrite::CursorDelete {
+                        node: node.clone(),
+                        epoch: Epoch(u64::MAX - 3),
+                    },
+                    MillWrite::Quarantine {
+                        node: NodeId::new("bad").unwrap(),
+                        quarantined: false,
+                    },
+                    MillWrite::Quarantine {
+                        node: NodeId::new("worse").unwrap(),
+                        quarantined: true,
+                    },
+                    MillWrite::Counters {
+                        next_job: JobId(2),
+                        lease_floor: LeaseId(2049),
+                    },
+                ],
+            },
         ]
+    }
+
+    /// M29 on any backend: `open` gives the same store each time (reopened, as a restart
+    /// does); after [`m29_batches`] it loads exactly what `MillSnapshot::apply` holds, and
+    /// terminal jobs stay queryable.
+    pub(crate) fn check_mirror(open: &mut dyn FnMut() -> crate::store::Store) {
+        let batches = m29_batches();
+        let mut reference = MillSnapshot::default();
+        for b in &batches {
+            reference.apply(b);
+        }
+        assert!(
+            reference.attempts[&JobId(1)].fence_pending,
+            "the sequence reaches a fenced retry"
+        );
+        {
+            let mut store = open();
+            assert_eq!(store.load().unwrap(), None);
+            store.apply(&batches, 1).unwrap();
+            store.close().unwrap();
+        }
+        let mut store = open();
+        assert_eq!(store.load().unwrap(), Some(reference));
+        let mut reader = store.reader().unwrap();
+        let done = reader.job(JobId(2)).unwrap().unwrap();
+        assert_eq!(done.state.name(), "cancelled");
+        assert_eq!(reader.history(JobId(1)).unwrap().len(), 3);
+        assert_eq!(reader.jobs(Some("queued"), None, 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(Some("done"), None, 10).unwrap().len(), 1);
+        assert_eq!(reader.jobs(None, None, 10).unwrap().len(), 2);
+        let attempts = reader.attempts(JobId(1)).unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].outcome.as_deref(), Some("retried_fenced"));
+        store.close().unwrap();
     }
 
     /// The store must hold exactly what `MillSnapshot::apply` holds for the same batches (M29).
     #[test]
     fn m29_store_mirrors_the_reference_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let batches = m29_batches();
-        let mut reference = MillSnapshot::default();
-        for b in &batches {
-            reference.apply(b);
-        }
-        {
-            let mut store = MillStore::open(dir.path()).unwrap();
-            assert_eq!(store.load().unwrap(), None);
-            store.apply(&batches, 1).unwrap();
-            store.close().unwrap();
-        }
-        let store = MillStore::open(dir.path()).unwrap();
-        assert_eq!(store.load().unwrap(), Some(reference));
-        // Terminal jobs stay queryable.
-        let reader = MillReader::open(store.path()).unwrap();
-        let done = reader.job(JobId(2)).unwrap().unwrap();
-        assert_eq!(done.state.name(), "cancelled");
-        assert_eq!(reader.history(JobId(1)).unwrap().len(), 2);
-        assert_eq!(reader.jobs(Some("running"), None, 10).unwrap().len(), 1);
-        assert_eq!(reader.jobs(Some("done"), None, 10).unwrap().len(), 1);
-        assert_eq!(reader.jobs(None, None, 10).unwrap().len(), 2);
+        check_mirror(&mut || crate::store::open_sqlite(dir.path()).unwrap());
     }
 
     /// Issue 11 item 7: a retention batch deletes finished jobs (and their history) that
@@ -1304,7 +1362,11 @@ pub(crate) mod tests {
     #[test]
     fn retention_deletes_only_finished_jobs_oldest_first_within_the_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = MillStore::open(dir.path()).unwrap();
+        check_retention(crate::store::open_sqlite(dir.path()).unwrap());
+    }
+
+    /// The retention behaviour on any backend, on an empty store.
+    pub(crate) fn check_retention(mut store: crate::store::Store) {
         let done = JobState::Done(Terminal::by_mill(
             TerminalStatus::Cancelled,
             millrace_core::TerminalCause::Cancelled,
@@ -1312,16 +1374,19 @@ pub(crate) mod tests {
         ));
         // Jobs 1..=6 inserted at t=10; 1..=5 end at t=100+id; 6 stays queued.
         let insert = MillBatch {
-            writes: (1..=6)
-                .map(|id| MillWrite::JobInsert {
-                    job: JobId(id),
-                    record: Box::new(JobRecord {
-                        spec: spec(),
-                        submitted_at_ms: 1,
-                        state: JobState::Queued,
-                    }),
-                })
-                .collect(),
+            writes: std::iter::once(MillWrite::Counters {
+                next_job: JobId(7),
+                lease_floor: LeaseId(1),
+            })
+            .chain((1..=6).map(|id| MillWrite::JobInsert {
+                job: JobId(id),
+                record: Box::new(JobRecord {
+                    spec: spec(),
+                    submitted_at_ms: 1,
+                    state: JobState::Queued,
+                }),
+            }))
+            .collect(),
         };
         store.apply(&[insert], 10).unwrap();
         for id in 1..=5 {
@@ -1366,19 +1431,13 @@ pub(crate) mod tests {
                 200,
             )
             .unwrap();
-        let keys = |store: &MillStore| -> i64 {
-            store
-                .opened
-                .conn
-                .query_row("SELECT count(*) FROM idem_keys", [], |r| r.get(0))
-                .unwrap()
-        };
-        assert_eq!(keys(&store), 1);
+        let keys = |store: &mut crate::store::Store| store.load().unwrap().unwrap().keys.len();
+        assert_eq!(keys(&mut store), 1);
         let p = store.purge_finished(u64::MAX, None, 1, |_| false).unwrap();
         assert_eq!(ids(&p), vec![4]);
         assert_eq!(p.keys, 1, "m31: the key expires with its job");
-        assert_eq!(keys(&store), 0);
-        let reader = MillReader::open(store.path()).unwrap();
+        assert_eq!(keys(&mut store), 0);
+        let mut reader = store.reader().unwrap();
         assert!(reader.job(JobId(4)).unwrap().is_none());
         assert!(reader.history(JobId(4)).unwrap().is_empty());
         assert_eq!(
@@ -1390,6 +1449,20 @@ pub(crate) mod tests {
             1,
             "only the queued job is left"
         );
+    }
+
+    /// DESIGN §10 on SQLite: the store is one process's, so each open takes the next term
+    /// durably, and every mill start writes under a higher term than the last.
+    #[test]
+    fn sqlite_each_open_takes_a_higher_term() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut terms = Vec::new();
+        for _ in 0..3 {
+            let store = MillStore::open(dir.path()).unwrap();
+            terms.push(store.term());
+            store.close().unwrap();
+        }
+        assert_eq!(terms, vec![1, 2, 3]);
     }
 
     /// A store written by the first schema (leases without a cancel column) opens, upgrades

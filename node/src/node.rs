@@ -21,12 +21,12 @@ use crate::exec_driver::{self, ExecDriverParts};
 use crate::exec_store::ExecStore;
 use crate::http::{self, Api};
 use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
-use crate::pg_store::{PgLeadership, PgStore};
-use crate::sqlite::StoreError;
-use crate::store::{Reader, Store, StoreLocation};
 use crate::net::{self, OUT_QUEUE};
+use crate::pg_store::{PgLeadership, PgStore};
 use crate::preauth::{Preauth, PreauthConfig, Reject, Rejected};
 use crate::shell::{EngineSettings, ShellEngine};
+use crate::sqlite::StoreError;
+use crate::store::{Reader, Store, StoreLocation};
 
 /// Why a node could not start or stopped badly. Messages name the path or setting.
 #[derive(Debug, thiserror::Error)]
@@ -274,11 +274,7 @@ fn open_sqlite_store(dir: &std::path::Path) -> Result<Opened, StoreError> {
 
 /// Takes the leadership of the PostgreSQL store at `url` (DESIGN §10) and opens it under
 /// the new term; refuses while another mill's lease is live.
-fn open_pg_store(
-    url: &crate::store::PgUrl,
-    me: &str,
-    address: &str,
-) -> Result<Opened, StoreError> {
+fn open_pg_store(url: &crate::store::PgUrl, me: &str, address: &str) -> Result<Opened, StoreError> {
     let mut leadership = PgLeadership::connect(url)?;
     let Some(term) = leadership.campaign(me, address, LEADER_LEASE)? else {
         let target = leadership.target().to_string();

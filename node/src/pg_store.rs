@@ -641,8 +641,10 @@ impl PgStore {
         else {
             return Ok(None);
         };
-        let mut snap =
-            SnapshotRows::new(counters.try_get(0).map_err(&pg)?, counters.try_get(1).map_err(&pg)?);
+        let mut snap = SnapshotRows::new(
+            counters.try_get(0).map_err(&pg)?,
+            counters.try_get(1).map_err(&pg)?,
+        );
         for r in tx
             .query(
                 "SELECT id, spec, submitted_at_ms, state_json, spec_format FROM jobs WHERE NOT done",
@@ -718,10 +720,7 @@ impl PgStore {
             snap.quota_hold(r.try_get(0).map_err(&pg)?, &identity, &charge)
                 .map_err(corrupt)?;
         }
-        for r in tx
-            .query("SELECT node FROM quarantine", &[])
-            .map_err(&pg)?
-        {
+        for r in tx.query("SELECT node FROM quarantine", &[]).map_err(&pg)? {
             snap.quarantined(r.try_get(0).map_err(&pg)?)
                 .map_err(corrupt)?;
         }
@@ -730,8 +729,12 @@ impl PgStore {
             .map_err(&pg)?
         {
             let fingerprint: Vec<u8> = r.try_get(1).map_err(&pg)?;
-            snap.key(r.try_get(0).map_err(&pg)?, &fingerprint, r.try_get(2).map_err(&pg)?)
-                .map_err(corrupt)?;
+            snap.key(
+                r.try_get(0).map_err(&pg)?,
+                &fingerprint,
+                r.try_get(2).map_err(&pg)?,
+            )
+            .map_err(corrupt)?;
         }
         tx.commit().map_err(&pg)?;
         Ok(Some(snap.0))
@@ -963,11 +966,9 @@ fn apply_write(
                 &crate::mill_store::outcome_name(end.outcome),
             ],
         )?,
-        MillWrite::LeaseCancel { lease, cancel } => exec(
-            tx,
-            &w.lease_cancel,
-            &[&to_i64(lease.get()), &json(cancel)?],
-        )?,
+        MillWrite::LeaseCancel { lease, cancel } => {
+            exec(tx, &w.lease_cancel, &[&to_i64(lease.get()), &json(cancel)?])?
+        }
         MillWrite::LeaseDelete { lease } => exec(tx, &w.lease_delete, &[&to_i64(lease.get())])?,
         MillWrite::Cursor { node, epoch, seqno } => exec(
             tx,
@@ -1220,5 +1221,309 @@ impl Drop for PgReader {
                 .name("pg-reader-close".into())
                 .spawn(move || drop(conn));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mill_store::tests::{check_mirror, check_retention, m29_batches, spec};
+    use crate::store::{Reader, Store, StoreLocation};
+    use crate::test_pg::TestPg;
+    use millrace_core::mill::JobRecord;
+
+    fn url(s: &str) -> PgUrl {
+        match StoreLocation::parse(s).unwrap() {
+            StoreLocation::Postgres(u) => u,
+            other => panic!("not postgres: {other}"),
+        }
+    }
+
+    /// Campaigns as `holder` and opens the store under the won term.
+    fn open_as(u: &PgUrl, holder: &str) -> PgStore {
+        let mut l = PgLeadership::connect(u).unwrap();
+        let term = l
+            .campaign(holder, "127.0.0.1:7071", Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
+        PgStore::open(u, term).unwrap()
+    }
+
+    fn insert(job: u64) -> MillBatch {
+        MillBatch {
+            writes: vec![
+                MillWrite::Counters {
+                    next_job: JobId(job + 1),
+                    lease_floor: millrace_core::LeaseId(1),
+                },
+                MillWrite::JobInsert {
+                    job: JobId(job),
+                    record: Box::new(JobRecord {
+                        spec: spec(),
+                        submitted_at_ms: 1,
+                        state: JobState::Queued,
+                    }),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn m29_pg_store_mirrors_the_reference_snapshot() {
+        let Some(pg) = TestPg::start("m29_pg_store_mirrors_the_reference_snapshot") else {
+            return;
+        };
+        let u = url(&pg.url_of("postgres"));
+        check_mirror(&mut || Store::Postgres(Box::new(open_as(&u, "mill-a"))));
+    }
+
+    #[test]
+    fn pg_retention_deletes_only_finished_jobs_oldest_first_within_the_batch() {
+        let Some(pg) = TestPg::start("pg_retention") else {
+            return;
+        };
+        let u = url(&pg.url_of("postgres"));
+        check_retention(Store::Postgres(Box::new(open_as(&u, "mill-a"))));
+    }
+
+    /// DESIGN §10 (I13's store side): one holder at a time, terms only grow, a deposed
+    /// store's writes fail and leave nothing, and a campaign waits for a write in flight.
+    #[test]
+    fn pg_one_term_writes_at_a_time_and_a_deposed_mill_writes_nothing() {
+        let Some(pg) = TestPg::start("pg_one_term_writes_at_a_time") else {
+            return;
+        };
+        let u = url(&pg.url_of("postgres"));
+        let lease = Duration::from_secs(60);
+        let mut a = PgLeadership::connect(&u).unwrap();
+        let mut b = PgLeadership::connect(&u).unwrap();
+        assert_eq!(a.leader().unwrap(), None);
+        let t1 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        assert_eq!(
+            b.campaign("b", "addr-b", lease).unwrap(),
+            None,
+            "a holds it"
+        );
+        let info = b.leader().unwrap().unwrap();
+        assert_eq!(
+            (info.term, info.holder.as_str(), info.address.as_str()),
+            (t1, "a", "addr-a")
+        );
+        assert!(info.expires_in > Duration::from_secs(50), "{info:?}");
+        assert!(a.renew("a", t1, lease).unwrap());
+        assert!(!b.renew("b", t1, lease).unwrap(), "b does not hold it");
+        let mut store_a = PgStore::open(&u, t1).unwrap();
+        store_a.apply(&[insert(1)], 5).unwrap();
+
+        // A restart of the same holder takes a new term; the old term's writes fail.
+        let t2 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        assert!(t2 > t1);
+        let err = store_a.apply(&[insert(2)], 6).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Deposed { held, current: Some(c) } if held == t1 && c == t2),
+            "{err}"
+        );
+        assert!(
+            !a.renew("a", t1, lease).unwrap(),
+            "an old term is not renewed"
+        );
+
+        // Resigning ends the lease but keeps the term: b's is higher.
+        assert!(a.resign("a", t2).unwrap());
+        let t3 = b.campaign("b", "addr-b", lease).unwrap().unwrap();
+        assert!(t3 > t2);
+        assert_eq!(
+            a.campaign("a", "addr-a", lease).unwrap(),
+            None,
+            "b holds it"
+        );
+        let mut store_b = PgStore::open(&u, t3).unwrap();
+        let snap = store_b.load().unwrap().unwrap_or_default();
+        assert_eq!(
+            snap.jobs.keys().copied().collect::<Vec<_>>(),
+            vec![JobId(1)],
+            "the deposed write left nothing"
+        );
+
+        // An expired lease (by the database's clock) may be taken over.
+        assert!(b.renew("b", t3, Duration::ZERO).unwrap());
+        assert!(
+            !b.renew("b", t3, lease).unwrap(),
+            "the lease already expired"
+        );
+        let t4 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        assert!(t4 > t3);
+        let err = store_b
+            .purge_finished(u64::MAX, None, 10, |_| false)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Deposed { .. }), "{err}");
+
+        // A campaign during a write transaction waits for it: the write that took the row
+        // lock first commits under the old term, then the term moves on.
+        let mut store_a = PgStore::open(&u, t4).unwrap();
+        let mut blocker = postgres::Client::connect(&pg.url_of("postgres"), NoTls).unwrap();
+        let mut watch = postgres::Client::connect(&pg.url_of("postgres"), NoTls).unwrap();
+        let wait_until = |watch: &mut postgres::Client, n: i64| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let waiting: i64 = watch
+                    .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+                    .unwrap()
+                    .get(0);
+                if waiting >= n {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "no {n} waiting locks");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let mut a2 = PgLeadership::connect(&u).unwrap();
+        assert!(a2.renew("a", t4, Duration::ZERO).unwrap());
+        let mut hold = blocker.transaction().unwrap();
+        hold.batch_execute("LOCK TABLE quarantine IN EXCLUSIVE MODE")
+            .unwrap();
+        let writer = std::thread::spawn(move || {
+            let r = store_a.apply(
+                &[MillBatch {
+                    writes: vec![MillWrite::Quarantine {
+                        node: millrace_core::NodeId::new("n10").unwrap(),
+                        quarantined: true,
+                    }],
+                }],
+                8,
+            );
+            (r, store_a)
+        });
+        wait_until(&mut watch, 1); // the writer holds the leader row, waits on quarantine
+        let u2 = u.clone();
+        let campaigner = std::thread::spawn(move || {
+            let mut b = PgLeadership::connect(&u2).unwrap();
+            b.campaign("b", "addr-b", Duration::from_secs(60))
+        });
+        wait_until(&mut watch, 2); // the campaign waits behind the writer's share lock
+        assert!(!campaigner.is_finished(), "the campaign did not wait");
+        hold.commit().unwrap();
+        let (r, mut store_a) = writer.join().unwrap();
+        r.unwrap();
+        let t5 = campaigner.join().unwrap().unwrap().unwrap();
+        assert!(t5 > t4);
+        let quarantined = store_b_load(&u, t5);
+        assert!(quarantined.contains(&millrace_core::NodeId::new("n10").unwrap()));
+        let err = store_a.apply(&[insert(3)], 9).unwrap_err();
+        assert!(matches!(err, StoreError::Deposed { .. }), "{err}");
+    }
+
+    fn store_b_load(u: &PgUrl, term: u64) -> std::collections::BTreeSet<millrace_core::NodeId> {
+        let mut s = PgStore::open(u, term).unwrap();
+        s.load().unwrap().unwrap_or_default().quarantined
+    }
+
+    #[test]
+    fn pg_an_unreachable_store_is_named_without_its_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let u = url(&format!("postgres://mill:s3cret@127.0.0.1:{port}/millrace"));
+        let err = PgStore::open(&u, 1).err().unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, StoreError::Unreachable { .. }), "{text}");
+        assert!(
+            text.contains(&format!("mill@127.0.0.1:{port}/millrace")),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[test]
+    fn pg_a_foreign_or_newer_database_is_refused_and_left_alone() {
+        let Some(pg) = TestPg::start("pg_a_foreign_or_newer_database_is_refused") else {
+            return;
+        };
+        let other = pg.create_db("other_app");
+        pg.sql(
+            "other_app",
+            "CREATE TABLE customers (id INT); INSERT INTO customers VALUES (1);",
+        );
+        let err = PgLeadership::connect(&url(&other)).err().unwrap();
+        assert!(matches!(err, StoreError::ForeignDatabase { .. }), "{err}");
+        assert!(err.to_string().contains("customers"), "{err}");
+        let mut c = postgres::Client::connect(&other, NoTls).unwrap();
+        let tables: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(tables, 1, "nothing was created");
+
+        // A millrace store with someone else's table beside it.
+        let mixed = pg.create_db("mixed");
+        drop(PgLeadership::connect(&url(&mixed)).unwrap());
+        pg.sql("mixed", "CREATE TABLE invoices (id INT)");
+        let err = PgStore::open(&url(&mixed), 1).err().unwrap();
+        assert!(err.to_string().contains("invoices"), "{err}");
+
+        // A newer schema.
+        let newer = pg.create_db("newer");
+        drop(PgLeadership::connect(&url(&newer)).unwrap());
+        pg.sql("newer", "UPDATE millrace_schema_version SET version = 99");
+        let err = PgStore::open(&url(&newer), 1).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                StoreError::NewerDatabase {
+                    found: 99,
+                    known: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    /// The HTTP API's reads answer the same on PostgreSQL as on SQLite for the same writes.
+    #[test]
+    fn pg_readers_answer_as_sqlite_readers_do() {
+        let Some(pg) = TestPg::start("pg_readers_answer_as_sqlite_readers_do") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut sqlite = crate::store::open_sqlite(dir.path()).unwrap();
+        let u = url(&pg.url_of("postgres"));
+        let mut pgs = Store::Postgres(Box::new(open_as(&u, "mill-a")));
+        for (i, b) in m29_batches().iter().enumerate() {
+            let at = 100 + i as u64;
+            sqlite.apply(std::slice::from_ref(b), at).unwrap();
+            pgs.apply(std::slice::from_ref(b), at).unwrap();
+        }
+        let (mut r1, mut r2) = (sqlite.reader().unwrap(), pgs.reader().unwrap());
+        let show = |r: &mut Reader| {
+            let mut out = Vec::new();
+            for id in [1, 2, 3] {
+                let id = JobId(id);
+                out.push(format!("{:?}", r.job(id).unwrap()));
+                out.push(format!("{:?}", r.is_done(id).unwrap()));
+                out.push(format!("{:?}", r.history(id).unwrap()));
+                out.push(format!("{:?}", r.attempts(id).unwrap()));
+            }
+            for state in [
+                None,
+                Some("active"),
+                Some("done"),
+                Some("queued"),
+                Some("cancelled"),
+            ] {
+                for before in [None, Some(JobId(2))] {
+                    out.push(format!("{:?}", r.jobs(state, before, 10).unwrap()));
+                }
+            }
+            out
+        };
+        let (a, b) = (show(&mut r1), show(&mut r2));
+        assert_eq!(a, b);
+        assert!(a.iter().any(|l| l.contains("retried_fenced")));
     }
 }
