@@ -1458,7 +1458,17 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut terms = Vec::new();
         for _ in 0..3 {
-            let store = MillStore::open(dir.path()).unwrap();
+            // Another test's child process may hold the lock file's descriptor for a moment
+            // between its fork and exec (flock follows the open file description).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let store = loop {
+                match MillStore::open(dir.path()) {
+                    Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    other => break other.unwrap(),
+                }
+            };
             terms.push(store.term());
             store.close().unwrap();
         }
