@@ -190,12 +190,18 @@ fn connect(url: &PgUrl, migrate: bool) -> Result<Conn, StoreError> {
         config.application_name("millrace");
     }
     let target = target_of(&config);
-    let client = config
-        .connect(NoTls)
-        .map_err(|source| StoreError::Unreachable {
+    let client = config.connect(NoTls).map_err(|e| {
+        let mut reason = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            reason.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        StoreError::Unreachable {
             target: target.clone(),
-            source,
-        })?;
+            reason,
+        }
+    })?;
     let mut conn = Conn { client, target };
     conn.check_schema(migrate)?;
     Ok(conn)

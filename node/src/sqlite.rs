@@ -74,12 +74,13 @@ pub enum StoreError {
         reason: String,
     },
     /// The PostgreSQL server could not be reached or refused the connection.
-    #[error("cannot reach the PostgreSQL store {target}: {source}")]
+    #[error("cannot reach the PostgreSQL store {target}: {reason}")]
     Unreachable {
         /// `user@host:port/db`, never the password.
         target: String,
-        /// The client's error.
-        source: postgres::Error,
+        /// The client's error with its causes (`error connecting to server: Connection
+        /// refused`).
+        reason: String,
     },
     /// A PostgreSQL statement failed.
     #[error("PostgreSQL store {target}: {source}")]
