@@ -429,6 +429,16 @@ pub struct MillArgs {
     /// Data directory (SQLite store, job logs, token).
     #[arg(long, env = "MILLRACE_DATA", default_value_os_t = default_data_dir())]
     pub data: PathBuf,
+    /// Where the mill's durable state lives: `sqlite:DIR` (default: the --data directory)
+    /// or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`, a database of its own that several
+    /// mills may share (one leads, DESIGN §10). Job logs and credentials stay in --data.
+    #[arg(
+        long,
+        env = "MILLRACE_STORE",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub store: Option<String>,
     /// The mill's config file (TOML): quota limits per owner and repo (`[quota.defaults.owner]`,
     /// `[quota.owner."alice"]`, …; see README "Quota"). Checked at start: a bad file stops the
     /// mill before it listens, naming the key and the value.

@@ -28,6 +28,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
     let mill = node::start_mill(
         MillOptions {
             data: dir.path().to_path_buf(),
+            store: None,
             executor_listen: "127.0.0.1:0".into(),
             http_listen: "127.0.0.1:0".into(),
             token: token.clone(),

@@ -27,7 +27,8 @@ use tokio::sync::{broadcast, mpsc};
 use crate::live::{base64_encode, gap_marker, Gap, GapReason, LiveLogs, Piece};
 use crate::logs::{read_stored, Ending, ReadError};
 use crate::mill_driver::{HandleError, JobEvent, MillHandle};
-use crate::mill_store::{JobRow, MillReader};
+use crate::mill_store::JobRow;
+use crate::store::Reader;
 
 /// Most jobs one list returns.
 const MAX_LIMIT: usize = 1000;
@@ -40,7 +41,7 @@ pub struct Api {
     /// The mill driver.
     pub mill: MillHandle,
     /// Store reads.
-    pub reader: Arc<Mutex<MillReader>>,
+    pub reader: Arc<Mutex<Reader>>,
     /// The bearer token.
     pub token: Arc<String>,
     /// Job events, for log follow.
@@ -340,14 +341,14 @@ async fn health() -> Json<serde_json::Value> {
 
 async fn read<T: Send + 'static>(
     api: &Api,
-    f: impl FnOnce(&MillReader) -> Result<T, crate::sqlite::StoreError> + Send + 'static,
+    f: impl FnOnce(&mut Reader) -> Result<T, crate::sqlite::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let reader = api.reader.clone();
     tokio::task::spawn_blocking(move || {
-        let guard = reader
+        let mut guard = reader
             .lock()
             .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store reader poisoned"))?;
-        f(&guard).map_err(ApiError::store)
+        f(&mut guard).map_err(ApiError::store)
     })
     .await
     .map_err(|_| ApiError::unavailable())?

@@ -194,6 +194,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let api_token = "bench-api-token-0123456789".to_string();
     let opts = MillOptions {
         data: dir.path().to_path_buf(),
+        store: None,
         executor_listen: "127.0.0.1:0".into(),
         http_listen: "127.0.0.1:0".into(),
         token: token.clone(),

@@ -22,12 +22,17 @@ mod mill_driver;
 mod mill_store;
 mod net;
 mod node;
+mod pg_store;
 mod preauth;
 mod quota_view;
 mod shell;
 mod sqlite;
+mod store;
 mod supervisor;
 mod syncs;
+#[cfg(test)]
+#[path = "../tests/common/pg.rs"]
+mod test_pg;
 mod tls;
 
 use std::process::ExitCode;
@@ -203,9 +208,16 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
         None => node::ensure_token(&node::api_token_path(&a.data)),
     }
     .map_err(|e| e.to_string())?;
+    let store = a
+        .store
+        .as_deref()
+        .map(store::StoreLocation::parse)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let mill = node::start_mill(
         MillOptions {
             data: a.data.clone(),
+            store,
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token,
@@ -308,6 +320,11 @@ async fn run_executor(a: cli::ExecutorArgs) -> Result<(), String> {
 }
 
 async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
+    if std::env::var_os("MILLRACE_STORE")
+        .is_some_and(|s| !s.to_string_lossy().starts_with("sqlite:"))
+    {
+        return Err("MILLRACE_STORE is set, but standalone keeps its store in SQLite under --data; run `millrace mill --store postgres://…` and an executor instead".into());
+    }
     let quota = quota_config(a.config.as_deref())?;
     let token =
         node::ensure_token(&node::executor_token_path(&a.data)).map_err(|e| e.to_string())?;
@@ -317,6 +334,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
     let mill = node::start_mill(
         MillOptions {
             data: a.data.clone(),
+            store: None,
             executor_listen: a.executor_listen.clone(),
             http_listen: a.http_listen.clone(),
             token: token.clone(),

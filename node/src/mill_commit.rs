@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use millrace_core::mill::MillBatch;
 use tokio::sync::mpsc;
 
-use crate::mill_store::{MillStore, Purged};
+use crate::mill_store::Purged;
 use crate::sqlite::StoreError;
+use crate::store::Store;
 
 /// What the driver asks of the committer.
 #[derive(Debug)]
@@ -27,7 +28,7 @@ pub enum Work {
         /// Wall clock for the rows' timestamps.
         now_ms: u64,
     },
-    /// One retention batch ([`MillStore::purge_finished`]).
+    /// One retention batch ([`Store::purge_finished`]).
     Purge {
         /// Finished jobs that ended before this (wall clock, ms) go.
         cutoff_ms: u64,
@@ -55,10 +56,7 @@ pub struct Committer {
 
 impl Committer {
     /// Starts the thread on `store`; answers go to `done`.
-    pub fn start(
-        mut store: MillStore,
-        done: mpsc::UnboundedSender<Finished>,
-    ) -> std::io::Result<Self> {
+    pub fn start(mut store: Store, done: mpsc::UnboundedSender<Finished>) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Work>();
         let thread = std::thread::Builder::new()
             .name("mill-commit".into())
@@ -91,7 +89,7 @@ impl Committer {
                         }
                     }
                 }
-                let path = store.path().display().to_string();
+                let path = store.describe();
                 store.close()?;
                 tracing::info!(store = %path, "mill store closed");
                 Ok(())

@@ -31,9 +31,10 @@ use crate::clock::{wall_ms, Clock};
 use crate::logs::{Ending, LogMsg};
 use crate::metrics::MillMetrics;
 use crate::mill_commit::{Committer, Finished, Work};
-use crate::mill_store::{MillStore, Purged};
+use crate::mill_store::Purged;
 use crate::net::ConnOut;
 use crate::sqlite::StoreError;
+use crate::store::Store;
 
 /// Commands queued for the mill driver, at most.
 pub const CMD_QUEUE: usize = 16 * 1024;
@@ -430,7 +431,7 @@ struct Driver {
 /// connection and closes the store cleanly.
 pub fn spawn(
     mill: Mill,
-    store: MillStore,
+    store: Store,
     clock: Clock,
     events: broadcast::Sender<JobEvent>,
     (logs, ending): (mpsc::Sender<LogMsg>, Arc<Ending>),
@@ -1135,7 +1136,7 @@ mod tests {
 
     /// A driver on a fresh store in `dir`, and a runtime to talk to it from the test.
     fn driver(dir: &std::path::Path) -> (MillHandle, Thread, tokio::runtime::Runtime) {
-        let store = MillStore::open(dir).unwrap();
+        let store = crate::store::open_sqlite(dir).unwrap();
         let clock = Clock::start();
         let mill = Mill::new(MillConfig::default(), None, clock.now()).unwrap();
         let (events, _) = broadcast::channel(16);
@@ -1230,7 +1231,7 @@ mod tests {
             "a submit behind the shutdown was taken: {late:?}"
         );
         thread.join().unwrap().unwrap();
-        let store = MillStore::open(dir.path()).unwrap();
+        let store = crate::mill_store::MillStore::open(dir.path()).unwrap();
         let snap = store.load().unwrap().unwrap();
         assert_eq!(snap.jobs.len(), 1);
     }

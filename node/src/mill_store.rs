@@ -116,17 +116,30 @@ pub const SCHEMA_V5: &str = r"
         );
     ";
 
+/// Schema 6 (issue 14, DESIGN §10, I13): the mill's leadership term. A SQLite store belongs
+/// to one process at a time (its lock file), so each open takes the next term durably and
+/// every mill start writes under a higher term than the last.
+pub const SCHEMA_V6: &str = r"
+        CREATE TABLE meta (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            term INTEGER NOT NULL
+        );
+        INSERT INTO meta (id, term) VALUES (1, 0);
+    ";
+
 /// The mill store's schema, by version.
 pub const SCHEMA: Schema = Schema {
     kind: "mill",
     file: "mill.db",
     application_id: 0x4d52_4d31,
-    migrations: &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5],
+    migrations: &[
+        SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+    ],
     side: crate::syncs::Side::Mill,
 };
 
 /// How `attempts.outcome` names an [`AttemptOutcome`].
-fn outcome_name(o: AttemptOutcome) -> &'static str {
+pub(crate) fn outcome_name(o: AttemptOutcome) -> &'static str {
     match o {
         AttemptOutcome::Final => "final",
         AttemptOutcome::Retried { fenced: false } => "retried",
@@ -137,7 +150,7 @@ fn outcome_name(o: AttemptOutcome) -> &'static str {
 
 /// The `spec_format` new rows are written in: postcard of today's `JobSpec` (3: with
 /// `retry`, `priority` and `node`, issue 13 items 2–4).
-const SPEC_FORMAT: i64 = 3;
+pub(crate) const SPEC_FORMAT: i64 = 3;
 
 /// A job spec as format 2 encoded it (before `retry`, `priority`, `node`).
 #[derive(serde::Deserialize)]
@@ -208,6 +221,178 @@ fn decode_spec(bytes: &[u8], format: i64) -> Result<JobSpec, String> {
     }
 }
 
+/// The SQL that finds the attempts of open jobs, in attempt order.
+const LOAD_ATTEMPTS: &str = "SELECT a.job, a.attempt, a.outcome, a.lease, a.node FROM attempts a
+     JOIN jobs j ON j.id = a.job WHERE j.done = 0 ORDER BY a.job, a.attempt";
+
+/// A `leases` row as both backends store it.
+pub(crate) struct LeaseRow {
+    pub lease: i64,
+    pub job: i64,
+    pub node: String,
+    pub epoch: i64,
+    pub state: String,
+    pub resources: String,
+    pub cancel: Option<String>,
+    pub attempt: i64,
+}
+
+/// Builds a [`MillSnapshot`] from stored rows, the same for every backend (M29); each
+/// method answers what is corrupt about its row.
+pub(crate) struct SnapshotRows(pub MillSnapshot);
+
+impl SnapshotRows {
+    pub fn new(next_job: i64, lease_floor: i64) -> Self {
+        SnapshotRows(MillSnapshot {
+            next_job: JobId(to_u64(next_job)),
+            lease_floor: LeaseId(to_u64(lease_floor)),
+            ..MillSnapshot::default()
+        })
+    }
+
+    pub fn job(
+        &mut self,
+        id: i64,
+        spec: &[u8],
+        format: i64,
+        at: i64,
+        state: &str,
+    ) -> Result<(), String> {
+        let spec = decode_spec(spec, format).map_err(|e| format!("job {id}: spec: {e}"))?;
+        let state: JobState =
+            serde_json::from_str(state).map_err(|e| format!("job {id}: state: {e}"))?;
+        self.0.jobs.insert(
+            JobId(to_u64(id)),
+            JobRecord {
+                spec,
+                submitted_at_ms: to_u64(at),
+                state,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn lease(&mut self, row: LeaseRow) -> Result<(), String> {
+        let lease = row.lease;
+        let node = NodeId::new(row.node).map_err(|e| format!("lease {lease}: node: {e}"))?;
+        let state = match row.state.as_str() {
+            "reserved" => LeaseState::Reserved,
+            "running" => LeaseState::Running,
+            other => return Err(format!("lease {lease}: state {other:?}")),
+        };
+        let resources: Resources = serde_json::from_str(&row.resources)
+            .map_err(|e| format!("lease {lease}: resources: {e}"))?;
+        let cancel: Option<CancelRecord> = row
+            .cancel
+            .map(|c| serde_json::from_str(&c))
+            .transpose()
+            .map_err(|e| format!("lease {lease}: cancel: {e}"))?;
+        let lease = LeaseId(to_u64(lease));
+        self.0.leases.insert(
+            lease,
+            LeaseRecord {
+                lease,
+                job: JobId(to_u64(row.job)),
+                node,
+                epoch: Epoch(to_u64(row.epoch)),
+                resources,
+                state,
+                cancel,
+                attempt: u32::try_from(row.attempt).unwrap_or(u32::MAX),
+            },
+        );
+        Ok(())
+    }
+
+    /// One attempt row of an open job; rows must come in attempt order.
+    pub fn attempt(
+        &mut self,
+        job: i64,
+        attempt: i64,
+        outcome: Option<&str>,
+        lease: i64,
+        node: String,
+    ) -> Result<(), String> {
+        let tally = self.0.attempts.entry(JobId(to_u64(job))).or_default();
+        tally.last = tally.last.max(u32::try_from(attempt).unwrap_or(u32::MAX));
+        if matches!(outcome, Some("retried" | "retried_fenced")) {
+            tally.retried = tally.retried.saturating_add(1);
+        }
+        // The latest attempt decides whether a fence is pending.
+        tally.fence_pending = outcome == Some("retried_fenced");
+        tally.fenced_run = match tally.fence_pending {
+            true => Some((
+                LeaseId(to_u64(lease)),
+                NodeId::new(node).map_err(|e| format!("job {job} attempt: node: {e}"))?,
+            )),
+            false => None,
+        };
+        Ok(())
+    }
+
+    pub fn cursor(&mut self, node: String, epoch: i64, seqno: i64) -> Result<(), String> {
+        let node = NodeId::new(node).map_err(|e| format!("cursor: node: {e}"))?;
+        self.0
+            .cursors
+            .insert((node, Epoch(to_u64(epoch))), Seqno(to_u64(seqno)));
+        Ok(())
+    }
+
+    pub fn quota_hold(&mut self, job: i64, identity: &str, charge: &str) -> Result<(), String> {
+        let identity: Identity = serde_json::from_str(identity)
+            .map_err(|e| format!("quota hold {job}: identity: {e}"))?;
+        let charge: Resources =
+            serde_json::from_str(charge).map_err(|e| format!("quota hold {job}: charge: {e}"))?;
+        self.0
+            .quota_holds
+            .insert(JobId(to_u64(job)), (identity, charge));
+        Ok(())
+    }
+
+    pub fn quarantined(&mut self, node: String) -> Result<(), String> {
+        let node = NodeId::new(node).map_err(|e| format!("quarantine: {e}"))?;
+        self.0.quarantined.insert(node);
+        Ok(())
+    }
+
+    pub fn key(&mut self, key: String, fingerprint: &[u8], job: i64) -> Result<(), String> {
+        let key =
+            IdempotencyKey::new(key).map_err(|e| format!("idempotency key of job {job}: {e}"))?;
+        let fingerprint = <[u8; 32]>::try_from(fingerprint).map_err(|_| {
+            format!(
+                "idempotency key of job {job}: fingerprint of {} bytes",
+                fingerprint.len()
+            )
+        })?;
+        self.0.keys.insert(
+            key,
+            KeyRecord {
+                fingerprint: Fingerprint(fingerprint),
+                job: JobId(to_u64(job)),
+            },
+        );
+        Ok(())
+    }
+}
+
+/// How a stored job row becomes a [`JobRow`] (both backends).
+pub(crate) fn job_row(
+    id: i64,
+    spec: &[u8],
+    format: i64,
+    at: i64,
+    state: &str,
+    updated: i64,
+) -> Result<JobRow, String> {
+    Ok(JobRow {
+        id: JobId(to_u64(id)),
+        spec: decode_spec(spec, format).map_err(|e| format!("job {id}: spec: {e}"))?,
+        submitted_at_ms: to_u64(at),
+        state: serde_json::from_str(state).map_err(|e| format!("job {id}: state: {e}"))?,
+        updated_at_ms: to_u64(updated),
+    })
+}
+
 /// What one retention batch deleted from the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Purged {
@@ -222,14 +407,35 @@ pub struct Purged {
 /// The mill's store, owned by the mill driver.
 pub struct MillStore {
     opened: Opened,
+    term: u64,
 }
 
 impl MillStore {
-    /// Opens (or creates) the store under `dir`.
+    /// Opens (or creates) the store under `dir` and takes the next leadership term, durably
+    /// (I13: every start of a mill on this store writes under a higher term than the last).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let opened = sqlite::open(dir, &SCHEMA)?;
+        let term: i64 = opened
+            .conn
+            .query_row(
+                "UPDATE meta SET term = term + 1 WHERE id = 1 RETURNING term",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|source| StoreError::Sqlite {
+                path: opened.path.clone(),
+                source,
+            })?;
+        opened.committed();
         Ok(MillStore {
-            opened: sqlite::open(dir, &SCHEMA)?,
+            opened,
+            term: to_u64(term),
         })
+    }
+
+    /// The leadership term this store was opened under (DESIGN §10).
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// The database file.
@@ -265,11 +471,7 @@ impl MillStore {
         let Some((next_job, lease_floor)) = counters else {
             return Ok(None);
         };
-        let mut snap = MillSnapshot {
-            next_job: JobId(to_u64(next_job)),
-            lease_floor: LeaseId(to_u64(lease_floor)),
-            ..MillSnapshot::default()
-        };
+        let mut snap = SnapshotRows::new(next_job, lease_floor);
         let mut stmt = conn
             .prepare(
                 "SELECT id, spec, submitted_at_ms, state_json, spec_format FROM jobs WHERE done = 0",
@@ -288,18 +490,8 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (id, spec, at, state, format) = row.map_err(self.sq())?;
-            let spec = decode_spec(&spec, format)
-                .map_err(|e| self.corrupt(format!("job {id}: spec: {e}")))?;
-            let state: JobState = serde_json::from_str(&state)
-                .map_err(|e| self.corrupt(format!("job {id}: state: {e}")))?;
-            snap.jobs.insert(
-                JobId(to_u64(id)),
-                JobRecord {
-                    spec,
-                    submitted_at_ms: to_u64(at),
-                    state,
-                },
-            );
+            snap.job(id, &spec, format, at, &state)
+                .map_err(|e| self.corrupt(e))?;
         }
         let mut stmt = conn
             .prepare(
@@ -308,56 +500,24 @@ impl MillStore {
             .map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, Option<String>>(6)?,
-                    r.get::<_, i64>(7)?,
-                ))
+                Ok(LeaseRow {
+                    lease: r.get(0)?,
+                    job: r.get(1)?,
+                    node: r.get(2)?,
+                    epoch: r.get(3)?,
+                    state: r.get(4)?,
+                    resources: r.get(5)?,
+                    cancel: r.get(6)?,
+                    attempt: r.get(7)?,
+                })
             })
             .map_err(self.sq())?;
         for row in rows {
-            let (lease, job, node, epoch, state, resources, cancel, attempt) =
-                row.map_err(self.sq())?;
-            let node =
-                NodeId::new(node).map_err(|e| self.corrupt(format!("lease {lease}: node: {e}")))?;
-            let state = match state.as_str() {
-                "reserved" => LeaseState::Reserved,
-                "running" => LeaseState::Running,
-                other => return Err(self.corrupt(format!("lease {lease}: state {other:?}"))),
-            };
-            let resources: Resources = serde_json::from_str(&resources)
-                .map_err(|e| self.corrupt(format!("lease {lease}: resources: {e}")))?;
-            let cancel: Option<CancelRecord> = cancel
-                .map(|c| serde_json::from_str(&c))
-                .transpose()
-                .map_err(|e| self.corrupt(format!("lease {lease}: cancel: {e}")))?;
-            let lease = LeaseId(to_u64(lease));
-            snap.leases.insert(
-                lease,
-                LeaseRecord {
-                    lease,
-                    job: JobId(to_u64(job)),
-                    node,
-                    epoch: Epoch(to_u64(epoch)),
-                    resources,
-                    state,
-                    cancel,
-                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                },
-            );
+            snap.lease(row.map_err(self.sq())?)
+                .map_err(|e| self.corrupt(e))?;
         }
         // M32: where the attempts of each open job stand.
-        let mut stmt = conn
-            .prepare(
-                "SELECT a.job, a.attempt, a.outcome, a.lease, a.node FROM attempts a
-                 JOIN jobs j ON j.id = a.job WHERE j.done = 0 ORDER BY a.job, a.attempt",
-            )
-            .map_err(self.sq())?;
+        let mut stmt = conn.prepare(LOAD_ATTEMPTS).map_err(self.sq())?;
         let rows = stmt
             .query_map([], |r| {
                 Ok((
@@ -371,22 +531,8 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (job, attempt, outcome, lease, node) = row.map_err(self.sq())?;
-            let tally = snap.attempts.entry(JobId(to_u64(job))).or_default();
-            tally.last = tally.last.max(u32::try_from(attempt).unwrap_or(u32::MAX));
-            let retried = matches!(outcome.as_deref(), Some("retried" | "retried_fenced"));
-            if retried {
-                tally.retried = tally.retried.saturating_add(1);
-            }
-            // Rows come in attempt order: the latest decides whether a fence is pending.
-            tally.fence_pending = outcome.as_deref() == Some("retried_fenced");
-            tally.fenced_run = match tally.fence_pending {
-                true => Some((
-                    LeaseId(to_u64(lease)),
-                    NodeId::new(node)
-                        .map_err(|e| self.corrupt(format!("job {job} attempt: node: {e}")))?,
-                )),
-                false => None,
-            };
+            snap.attempt(job, attempt, outcome.as_deref(), lease, node)
+                .map_err(|e| self.corrupt(e))?;
         }
         let mut stmt = conn
             .prepare("SELECT node, epoch, seqno FROM cursors")
@@ -402,9 +548,8 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (node, epoch, seqno) = row.map_err(self.sq())?;
-            let node = NodeId::new(node).map_err(|e| self.corrupt(format!("cursor: node: {e}")))?;
-            snap.cursors
-                .insert((node, Epoch(to_u64(epoch))), Seqno(to_u64(seqno)));
+            snap.cursor(node, epoch, seqno)
+                .map_err(|e| self.corrupt(e))?;
         }
         let mut stmt = conn
             .prepare("SELECT job, identity, charge FROM quota_holds")
@@ -420,12 +565,8 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (job, identity, charge) = row.map_err(self.sq())?;
-            let identity: Identity = serde_json::from_str(&identity)
-                .map_err(|e| self.corrupt(format!("quota hold {job}: identity: {e}")))?;
-            let charge: Resources = serde_json::from_str(&charge)
-                .map_err(|e| self.corrupt(format!("quota hold {job}: charge: {e}")))?;
-            snap.quota_holds
-                .insert(JobId(to_u64(job)), (identity, charge));
+            snap.quota_hold(job, &identity, &charge)
+                .map_err(|e| self.corrupt(e))?;
         }
         let mut stmt = conn
             .prepare("SELECT node FROM quarantine")
@@ -434,9 +575,8 @@ impl MillStore {
             .query_map([], |r| r.get::<_, String>(0))
             .map_err(self.sq())?;
         for row in rows {
-            let node = row.map_err(self.sq())?;
-            let node = NodeId::new(node).map_err(|e| self.corrupt(format!("quarantine: {e}")))?;
-            snap.quarantined.insert(node);
+            snap.quarantined(row.map_err(self.sq())?)
+                .map_err(|e| self.corrupt(e))?;
         }
         let mut stmt = conn
             .prepare("SELECT key, fingerprint, job FROM idem_keys")
@@ -452,23 +592,10 @@ impl MillStore {
             .map_err(self.sq())?;
         for row in rows {
             let (key, fingerprint, job) = row.map_err(self.sq())?;
-            let key = IdempotencyKey::new(key)
-                .map_err(|e| self.corrupt(format!("idempotency key of job {job}: {e}")))?;
-            let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice()).map_err(|_| {
-                self.corrupt(format!(
-                    "idempotency key of job {job}: fingerprint of {} bytes",
-                    fingerprint.len()
-                ))
-            })?;
-            snap.keys.insert(
-                key,
-                KeyRecord {
-                    fingerprint: Fingerprint(fingerprint),
-                    job: JobId(to_u64(job)),
-                },
-            );
+            snap.key(key, &fingerprint, job)
+                .map_err(|e| self.corrupt(e))?;
         }
-        Ok(Some(snap))
+        Ok(Some(snap.0))
     }
 
     /// Applies every batch of one driver step in one transaction (group commit).
@@ -870,15 +997,7 @@ impl MillReader {
 
     fn row(&self, r: RawRow) -> Result<JobRow, StoreError> {
         let (id, spec, at, state, updated, format) = r;
-        Ok(JobRow {
-            id: JobId(to_u64(id)),
-            spec: decode_spec(&spec, format)
-                .map_err(|e| self.err(format!("job {id}: spec: {e}")))?,
-            submitted_at_ms: to_u64(at),
-            state: serde_json::from_str(&state)
-                .map_err(|e| self.err(format!("job {id}: state: {e}")))?,
-            updated_at_ms: to_u64(updated),
-        })
+        job_row(id, &spec, format, at, &state, updated).map_err(|e| self.err(e))
     }
 
     /// One job, if it exists.
@@ -1036,12 +1155,12 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use millrace_core::job::{Terminal, TerminalStatus};
     use std::collections::BTreeSet;
 
-    fn spec() -> JobSpec {
+    pub(crate) fn spec() -> JobSpec {
         JobSpec {
             retry: Default::default(),
             priority: 0,
@@ -1059,12 +1178,11 @@ mod tests {
         }
     }
 
-    /// The store must hold exactly what `MillSnapshot::apply` holds for the same batches (M29).
-    #[test]
-    fn m29_store_mirrors_the_reference_snapshot() {
-        let dir = tempfile::tempdir().unwrap();
+    /// The write sequence every backend's M29 mirror test applies: every kind of write,
+    /// with ids beyond i64 (bit-cast) and a job that ends.
+    pub(crate) fn m29_batches() -> Vec<MillBatch> {
         let node = NodeId::new("n1").unwrap();
-        let batches = vec![
+        vec![
             MillBatch {
                 writes: vec![
                     MillWrite::Counters {
@@ -1150,27 +1268,92 @@ mod tests {
                     },
                 ],
             },
-        ];
+            // Job 1's first attempt fails and is retried behind a fence (M32); what it
+            // held goes; lower counters change nothing.
+            MillBatch {
+                writes: vec![
+                    MillWrite::Attempt(Box::new(millrace_core::mill::AttemptEnd {
+                        job: JobId(1),
+                        attempt: 1,
+                        lease: LeaseId(7),
+                        node: node.clone(),
+                        status: Some(TerminalStatus::Failed),
+                        cause: Some(millrace_core::TerminalCause::ExecutorLost),
+                        exit_code: Some(3),
+                        error: Some("lost".into()),
+                        outcome: AttemptOutcome::Retried { fenced: true },
+                    })),
+                    MillWrite::LeaseDelete { lease: LeaseId(7) },
+                    MillWrite::QuotaRelease { job: JobId(1) },
+                    MillWrite::JobState {
+                        job: JobId(1),
+                        state: JobState::Queued,
+                    },
+                    MillWrite::Cursor {
+                        node: node.clone(),
+                        epoch: Epoch(9),
+                        seqno: Seqno(1),
+                    },
+                    MillWrite::CursorDelete {
+                        node: node.clone(),
+                        epoch: Epoch(u64::MAX - 3),
+                    },
+                    MillWrite::Quarantine {
+                        node: NodeId::new("bad").unwrap(),
+                        quarantined: false,
+                    },
+                    MillWrite::Quarantine {
+                        node: NodeId::new("worse").unwrap(),
+                        quarantined: true,
+                    },
+                    MillWrite::Counters {
+                        next_job: JobId(2),
+                        lease_floor: LeaseId(2049),
+                    },
+                ],
+            },
+        ]
+    }
+
+    /// M29 on any backend: `open` gives the same store each time (reopened, as a restart
+    /// does); after [`m29_batches`] it loads exactly what `MillSnapshot::apply` holds, and
+    /// terminal jobs stay queryable.
+    pub(crate) fn check_mirror(open: &mut dyn FnMut() -> crate::store::Store) {
+        let batches = m29_batches();
         let mut reference = MillSnapshot::default();
         for b in &batches {
             reference.apply(b);
         }
+        assert!(
+            reference.attempts[&JobId(1)].fence_pending,
+            "the sequence reaches a fenced retry"
+        );
         {
-            let mut store = MillStore::open(dir.path()).unwrap();
+            let mut store = open();
             assert_eq!(store.load().unwrap(), None);
             store.apply(&batches, 1).unwrap();
             store.close().unwrap();
         }
-        let store = MillStore::open(dir.path()).unwrap();
+        let mut store = open();
         assert_eq!(store.load().unwrap(), Some(reference));
-        // Terminal jobs stay queryable.
-        let reader = MillReader::open(store.path()).unwrap();
+        let mut reader = store.reader().unwrap();
         let done = reader.job(JobId(2)).unwrap().unwrap();
         assert_eq!(done.state.name(), "cancelled");
-        assert_eq!(reader.history(JobId(1)).unwrap().len(), 2);
-        assert_eq!(reader.jobs(Some("running"), None, 10).unwrap().len(), 1);
+        assert_eq!(reader.history(JobId(1)).unwrap().len(), 3);
+        assert_eq!(reader.jobs(Some("queued"), None, 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(Some("done"), None, 10).unwrap().len(), 1);
         assert_eq!(reader.jobs(None, None, 10).unwrap().len(), 2);
+        let attempts = reader.attempts(JobId(1)).unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].outcome.as_deref(), Some("retried_fenced"));
+        store.close().unwrap();
+    }
+
+    /// The store must hold exactly what `MillSnapshot::apply` holds for the same batches (M29).
+    #[test]
+    fn m29_store_mirrors_the_reference_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        check_mirror(&mut || crate::store::open_sqlite(dir.path()).unwrap());
     }
 
     /// Issue 11 item 7: a retention batch deletes finished jobs (and their history) that
@@ -1179,7 +1362,11 @@ mod tests {
     #[test]
     fn retention_deletes_only_finished_jobs_oldest_first_within_the_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = MillStore::open(dir.path()).unwrap();
+        check_retention(crate::store::open_sqlite(dir.path()).unwrap());
+    }
+
+    /// The retention behaviour on any backend, on an empty store.
+    pub(crate) fn check_retention(mut store: crate::store::Store) {
         let done = JobState::Done(Terminal::by_mill(
             TerminalStatus::Cancelled,
             millrace_core::TerminalCause::Cancelled,
@@ -1187,16 +1374,19 @@ mod tests {
         ));
         // Jobs 1..=6 inserted at t=10; 1..=5 end at t=100+id; 6 stays queued.
         let insert = MillBatch {
-            writes: (1..=6)
-                .map(|id| MillWrite::JobInsert {
-                    job: JobId(id),
-                    record: Box::new(JobRecord {
-                        spec: spec(),
-                        submitted_at_ms: 1,
-                        state: JobState::Queued,
-                    }),
-                })
-                .collect(),
+            writes: std::iter::once(MillWrite::Counters {
+                next_job: JobId(7),
+                lease_floor: LeaseId(1),
+            })
+            .chain((1..=6).map(|id| MillWrite::JobInsert {
+                job: JobId(id),
+                record: Box::new(JobRecord {
+                    spec: spec(),
+                    submitted_at_ms: 1,
+                    state: JobState::Queued,
+                }),
+            }))
+            .collect(),
         };
         store.apply(&[insert], 10).unwrap();
         for id in 1..=5 {
@@ -1241,19 +1431,13 @@ mod tests {
                 200,
             )
             .unwrap();
-        let keys = |store: &MillStore| -> i64 {
-            store
-                .opened
-                .conn
-                .query_row("SELECT count(*) FROM idem_keys", [], |r| r.get(0))
-                .unwrap()
-        };
-        assert_eq!(keys(&store), 1);
+        let keys = |store: &mut crate::store::Store| store.load().unwrap().unwrap().keys.len();
+        assert_eq!(keys(&mut store), 1);
         let p = store.purge_finished(u64::MAX, None, 1, |_| false).unwrap();
         assert_eq!(ids(&p), vec![4]);
         assert_eq!(p.keys, 1, "m31: the key expires with its job");
-        assert_eq!(keys(&store), 0);
-        let reader = MillReader::open(store.path()).unwrap();
+        assert_eq!(keys(&mut store), 0);
+        let mut reader = store.reader().unwrap();
         assert!(reader.job(JobId(4)).unwrap().is_none());
         assert!(reader.history(JobId(4)).unwrap().is_empty());
         assert_eq!(
@@ -1265,6 +1449,30 @@ mod tests {
             1,
             "only the queued job is left"
         );
+    }
+
+    /// DESIGN §10 on SQLite: the store is one process's, so each open takes the next term
+    /// durably, and every mill start writes under a higher term than the last.
+    #[test]
+    fn sqlite_each_open_takes_a_higher_term() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut terms = Vec::new();
+        for _ in 0..3 {
+            // Another test's child process may hold the lock file's descriptor for a moment
+            // between its fork and exec (flock follows the open file description).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let store = loop {
+                match MillStore::open(dir.path()) {
+                    Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    other => break other.unwrap(),
+                }
+            };
+            terms.push(store.term());
+            store.close().unwrap();
+        }
+        assert_eq!(terms, vec![1, 2, 3]);
     }
 
     /// A store written by the first schema (leases without a cancel column) opens, upgrades
@@ -1320,7 +1528,7 @@ mod tests {
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 5, "upgraded in place");
+        assert_eq!(version, 6, "upgraded in place");
         let mut reference = store.load().unwrap().unwrap();
         let lease = &reference.leases[&LeaseId(7)];
         assert_eq!(lease.cancel, None, "an old lease has no cancel");

@@ -21,10 +21,12 @@ use crate::exec_driver::{self, ExecDriverParts};
 use crate::exec_store::ExecStore;
 use crate::http::{self, Api};
 use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
-use crate::mill_store::{MillReader, MillStore};
 use crate::net::{self, OUT_QUEUE};
+use crate::pg_store::{PgLeadership, PgStore};
 use crate::preauth::{Preauth, PreauthConfig, Reject, Rejected};
 use crate::shell::{EngineSettings, ShellEngine};
+use crate::sqlite::StoreError;
+use crate::store::{Reader, Store, StoreLocation};
 
 /// Why a node could not start or stopped badly. Messages name the path or setting.
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +143,8 @@ pub fn ensure_token(path: &Path) -> Result<String, NodeError> {
 pub struct MillOptions {
     /// Data directory.
     pub data: PathBuf,
+    /// Where the durable state lives; `None`: SQLite in `data`.
+    pub store: Option<StoreLocation>,
     /// Executor listener address.
     pub executor_listen: String,
     /// HTTP listener address.
@@ -254,6 +258,56 @@ fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
 
+/// How long a PostgreSQL mill's leadership lasts from its start. Interim (issue 14 item 2):
+/// no campaign loop renews it yet, and a deposed mill stops at its next write (I13).
+const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A store, what it holds and a reader for the HTTP API.
+type Opened = (Store, Option<millrace_core::mill::MillSnapshot>, Reader);
+
+fn open_sqlite_store(dir: &std::path::Path) -> Result<Opened, StoreError> {
+    let mut store = crate::store::open_sqlite(dir)?;
+    let snapshot = store.load()?;
+    let reader = store.reader()?;
+    Ok((store, snapshot, reader))
+}
+
+/// Takes the leadership of the PostgreSQL store at `url` (DESIGN §10) and opens it under
+/// the new term; refuses while another mill's lease is live.
+fn open_pg_store(url: &crate::store::PgUrl, me: &str, address: &str) -> Result<Opened, StoreError> {
+    let mut leadership = PgLeadership::connect(url)?;
+    let Some(term) = leadership.campaign(me, address, LEADER_LEASE)? else {
+        let target = leadership.target().to_string();
+        return Err(match leadership.leader()? {
+            Some(l) => StoreError::NotLeader {
+                target,
+                holder: l.holder,
+                address: l.address,
+                term: l.term,
+                expires_in: l.expires_in,
+            },
+            None => StoreError::ForeignDatabase {
+                target,
+                reason: "the campaign lost, yet millrace_leader has no row".into(),
+            },
+        });
+    };
+    tracing::info!(store = %leadership.target(), term, holder = me, "took the mill's leadership");
+    let mut store = Store::Postgres(Box::new(PgStore::open(url, term)?));
+    let snapshot = store.load()?;
+    let reader = store.reader()?;
+    Ok((store, snapshot, reader))
+}
+
+/// This mill's name in the leader row: the host and its executor listener, the same
+/// across restarts (so a restart takes a new term at once) and distinct between hosts.
+fn leader_name(executor_listen: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    format!("{host}/{executor_listen}")
+}
+
 /// Opens the store, restores the mill (M29), binds both listeners and starts serving.
 pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
     opts.tuning.validate().map_err(NodeError::Config)?;
@@ -268,24 +322,42 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
     std::fs::create_dir_all(&opts.data)
         .map_err(io(format!("data directory {}", opts.data.display())))?;
     warn_if_dir_open(&opts.data);
-    let store = MillStore::open(&opts.data)?;
-    let snapshot = store.load()?;
+    let (store, snapshot, reader) = match &opts.store {
+        None => open_sqlite_store(&opts.data)?,
+        Some(StoreLocation::Sqlite(dir)) => open_sqlite_store(dir)?,
+        Some(StoreLocation::Postgres(url)) => {
+            let url = url.clone();
+            let me = leader_name(&opts.executor_listen);
+            let address = opts.executor_listen.clone();
+            // The sync client blocks and runs its own runtime: never inside this task.
+            tokio::task::spawn_blocking(move || open_pg_store(&url, &me, &address))
+                .await
+                .map_err(|e| NodeError::Config(format!("opening the store: {e}")))??
+        }
+    };
     let restored = snapshot
         .as_ref()
         .map(|s| s.cursors.clone())
         .unwrap_or_default();
+    tracing::info!(store = %store.describe(), term = store.term(), "mill store open");
     if let Some(s) = &snapshot {
         tracing::info!(
-            store = %store.path().display(),
+            store = %store.describe(),
             jobs = s.jobs.len(),
             leases = s.leases.len(),
             quarantined = s.quarantined.len(),
             "restoring the mill from its store"
         );
     }
-    let mill = Mill::new(opts.config(), snapshot, clock.now())
-        .map_err(|e| NodeError::Config(e.to_string()))?;
-    let reader = MillReader::open(store.path())?;
+    // E13: the mill speaks with the term its store gave it (a SQLite store counts one up at
+    // every open; PostgreSQL's by campaign), so every executor that hears this mill refuses
+    // an earlier one from then on.
+    let config = MillConfig {
+        term: millrace_core::Term(store.term()),
+        ..opts.config()
+    };
+    let mill =
+        Mill::new(config, snapshot, clock.now()).map_err(|e| NodeError::Config(e.to_string()))?;
     let (events, _) = broadcast::channel(EVENT_BUFFER);
     let retention = mill_driver::Retention {
         max_age: opts.tuning.retention,

@@ -65,6 +65,73 @@ pub enum StoreError {
         /// The error.
         source: rusqlite::Error,
     },
+    /// `--store` is not a store this build knows.
+    #[error("--store {given:?}: {reason} (expected sqlite:DIR or postgres://USER@HOST:PORT/DB)")]
+    BadLocation {
+        /// What was given, with any password removed.
+        given: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The PostgreSQL server could not be reached or refused the connection.
+    #[error("cannot reach the PostgreSQL store {target}: {reason}")]
+    Unreachable {
+        /// `user@host:port/db`, never the password.
+        target: String,
+        /// The client's error with its causes (`error connecting to server: Connection
+        /// refused`).
+        reason: String,
+    },
+    /// A PostgreSQL statement failed.
+    #[error("PostgreSQL store {target}: {source}")]
+    Postgres {
+        /// `user@host:port/db`, never the password.
+        target: String,
+        /// The client's error.
+        source: postgres::Error,
+    },
+    /// The PostgreSQL database holds something that is not a millrace mill store; nothing
+    /// was changed.
+    #[error("PostgreSQL database {target} is not a millrace mill store ({reason}); refusing to touch it: use an empty database")]
+    ForeignDatabase {
+        /// `user@host:port/db`.
+        target: String,
+        /// What was found.
+        reason: String,
+    },
+    /// A newer millrace wrote the PostgreSQL store.
+    #[error("PostgreSQL store {target} has schema version {found}, newer than the {known} this build knows; run a newer millrace")]
+    NewerDatabase {
+        /// `user@host:port/db`.
+        target: String,
+        /// Its `millrace_schema_version.version`.
+        found: i64,
+        /// The newest this build knows.
+        known: i64,
+    },
+    /// The store's leadership term moved on (DESIGN §10, I13): this mill was deposed, and the
+    /// write was rolled back.
+    #[error("deposed: this mill writes under term {held}, but the store's leader term is {}", current.map_or_else(|| "unset".to_string(), |c| c.to_string()))]
+    Deposed {
+        /// The term the store was opened under.
+        held: u64,
+        /// The term in the store now (`None`: no leader row).
+        current: Option<u64>,
+    },
+    /// Another mill holds the leadership of the PostgreSQL store.
+    #[error("another mill leads store {target}: {holder} at {address} (term {term}, lease ends in {expires_in:?}); start this one when it stops or its lease expires")]
+    NotLeader {
+        /// `user@host:port/db`.
+        target: String,
+        /// The leader's name.
+        holder: String,
+        /// Where it listens.
+        address: String,
+        /// Its term.
+        term: u64,
+        /// Until its lease runs out.
+        expires_in: std::time::Duration,
+    },
 }
 
 /// What kind of store, its file name and schema.

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod pg;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_millrace");
 
 /// How long a wait may take before the test fails, saying what it waited for. Generous: the
