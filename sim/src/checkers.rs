@@ -1585,6 +1585,24 @@ impl Checker {
         }
     }
 
+    /// A deposed mill (DESIGN §10) sent `msg` on `conn`, one of the connections of its
+    /// incarnation `inc`: its asks and releases are known, as the leader's are.
+    pub fn deposed_send(&mut self, conn: ConnId, msg: &ToExecutor, inc: u32) {
+        match msg {
+            ToExecutor::ReserveSeat { lease, .. } => {
+                self.ask_conn.insert(*lease, (conn, inc));
+            }
+            ToExecutor::ReleaseLease { lease, .. } => {
+                self.let_go.insert(*lease);
+            }
+            ToExecutor::Welcome { .. }
+            | ToExecutor::Refused { .. }
+            | ToExecutor::CommitLease { .. }
+            | ToExecutor::CancelAttempt { .. }
+            | ToExecutor::Ack { .. } => {}
+        }
+    }
+
     /// A message the mill sends, after the step's `Persist` was applied (persist before
     /// send; I4, I7, I8, M16, M30).
     pub fn mill_send(
@@ -2640,9 +2658,16 @@ impl Checker {
             }
             for lease in x.reserved_leases() {
                 let asked_here = w.leases.get(&lease).is_some_and(|l| l.exec == i);
+                // A deposed mill that still runs knows what it asked (DESIGN §10).
+                let by_deposed = w.deposed.as_ref().is_some_and(|d| {
+                    (d.mill.is_ask(lease) && asked_here)
+                        || d.mill.stray(lease) == Some(&p.node)
+                        || d.mill.lease_node(lease) == Some(&p.node)
+                });
                 let known = (m.is_ask(lease) && asked_here)
                     || m.stray(lease) == Some(&p.node)
-                    || m.lease_node(lease) == Some(&p.node);
+                    || m.lease_node(lease) == Some(&p.node)
+                    || by_deposed;
                 if known || self.let_go.contains(&lease) {
                     continue;
                 }

@@ -112,6 +112,21 @@ pub enum Path {
     HangCommitResent,
     /// A hung executor resumed with a deadline already past: its late timers ran first (E12).
     HangResumedLate,
+    /// A mill took over from the store under a higher term, at the other address, while
+    /// the one before it was paused or cut from the store (DESIGN §10).
+    Takeover,
+    /// An executor answered a message of a term below the highest it had seen with `Stale`
+    /// and acted on none of it (E13).
+    StaleRefused,
+    /// A deposed mill stepped down: its write failed (the store is at a higher term), an
+    /// executor told it of a higher term, or its renewal failed (DESIGN §10, I13).
+    DeposedSteppedDown,
+    /// A deposed mill's message reached an executor that had not heard its successor yet
+    /// (allowed: the successor judges nothing of that node before its snapshot, §10).
+    DeposedMessageDelivered,
+    /// A deposed mill refused the `Hello` of an executor that had heard its successor (E13:
+    /// the mill's own check, before the executor's).
+    DeposedRefusedHello,
     /// The mill closed the session of an executor whose host died for good without a FIN:
     /// only its silence check could (M9).
     LostHostClosedBySilence,
@@ -166,7 +181,7 @@ pub enum Path {
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 62] = [
+    pub const ALL: [Path; 67] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -210,6 +225,11 @@ impl Path {
         Path::HangClosedBySilence,
         Path::HangCommitResent,
         Path::HangResumedLate,
+        Path::Takeover,
+        Path::StaleRefused,
+        Path::DeposedSteppedDown,
+        Path::DeposedMessageDelivered,
+        Path::DeposedRefusedHello,
         Path::LostHostClosedBySilence,
         Path::RestoredGraceEndedLeases,
         Path::TwinRefused,
@@ -306,6 +326,11 @@ impl Path {
             }
             Path::HangCommitResent => "commit re-sent to a hung executor on a live session",
             Path::HangResumedLate => "hung executor resumed with late timers",
+            Path::Takeover => "a standby took over under a higher term (§10)",
+            Path::StaleRefused => "executor refused a stale term (E13)",
+            Path::DeposedSteppedDown => "deposed mill stepped down (I13)",
+            Path::DeposedMessageDelivered => "deposed mill's message reached an executor",
+            Path::DeposedRefusedHello => "deposed mill told of a higher term (E13)",
             Path::LostHostClosedBySilence => "lost host's session closed by silence",
             Path::RestoredGraceEndedLeases => "restarted mill's grace ended an away node's leases",
             Path::TwinRefused => "second process with a live node's id refused",
@@ -376,6 +401,11 @@ impl Path {
             Path::HangClosedBySilence => "hang-closed-by-silence",
             Path::HangCommitResent => "hang-commit-resent",
             Path::HangResumedLate => "hang-resumed-late",
+            Path::Takeover => "takeover",
+            Path::StaleRefused => "stale-refused",
+            Path::DeposedSteppedDown => "deposed-stepped-down",
+            Path::DeposedMessageDelivered => "deposed-message-delivered",
+            Path::DeposedRefusedHello => "deposed-refused-hello",
             Path::LostHostClosedBySilence => "lost-host-closed-by-silence",
             Path::RestoredGraceEndedLeases => "restored-grace-ended-leases",
             Path::TwinRefused => "twin-refused",

@@ -4,6 +4,8 @@
 //! store, messages handed to the network, engine commands to the engine model — with the
 //! checkers shown each. A crash may land at any output boundary of a step.
 
+mod failover;
+
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
@@ -100,6 +102,12 @@ enum Ev {
     Resume(usize),
     /// A twin process is stopped for good (`Fault::Twin`).
     TwinStop(usize),
+    /// A paused, deposed mill resumes (`Fault::PauseMill`), by its incarnation.
+    DeposedResume(u32),
+    /// A deposed mill's timer is due.
+    DeposedTick(u32),
+    /// A deposed mill's renewal fails: it steps down.
+    DeposedStepDown(u32),
     /// A held `Tick` is due to be released (driver lag, I12).
     LagRelease {
         slot: usize,
@@ -206,6 +214,12 @@ pub struct Sim {
     restart_results: Vec<(usize, Epoch, Seqno)>,
     /// The input of the mill step in progress, for the checkers.
     ctx: StepCtx,
+    /// The executor step in progress handles a message of this term, below the one it has
+    /// seen (term, seen): E13 says it must be refused (checked by `check_stale_refused`).
+    exec_stale: Option<(millrace_core::Term, millrace_core::Term)>,
+    /// Per executor, (epoch, the highest term it accepted a `Welcome` of in it), as the
+    /// simulator saw it (I13 judges against it, not only against the executor's own store).
+    seen_terms: Vec<Option<(Epoch, millrace_core::Term)>>,
     /// Accumulates `codec_fraction` per message.
     codec_credit: f64,
     /// Whether the last mill step wrote anything.
@@ -299,6 +313,13 @@ impl Sim {
         // twice or three times the mill's): only the timers in `Welcome` make them agree
         // (M1, E12). An executor that kept a longer grace would run a job on after the mill
         // failed its lease and placed it again (I1).
+        // DESIGN §10: with the failover family the executors know two mill addresses; a
+        // standby listens on the one the leader does not.
+        let mill_addrs = if plan.swarm.has(crate::scenario::Family::Failover) {
+            2
+        } else {
+            1
+        };
         let mut flags = Rng::new(seed, Purpose::Flags);
         let drift = flags.chance(0.5);
         for (i, spec) in workload.fleet.iter().enumerate() {
@@ -306,6 +327,7 @@ impl Sim {
                 NodeId::new(spec.name.clone()).unwrap_or_else(|e| panic!("fleet node id: {e}"));
             index.insert(node.clone(), i);
             let mut cfg = ExecutorConfig::new(node.clone(), "sim-token");
+            cfg.mills = (0..mill_addrs).map(|a| format!("mill-{a}")).collect();
             cfg.labels = spec.labels.clone();
             cfg.engines = spec.engines.clone();
             let (num, den) = if drift {
@@ -420,6 +442,10 @@ impl Sim {
             last_ask: vec![None; n],
             index,
             snapshot_delivered: vec![None; n],
+            mill_addrs,
+            leader_addr: 0,
+            deposed: None,
+            term_writers: BTreeMap::new(),
         };
         let mut names = vec!["mill".to_string()];
         names.extend((0..fleet_len).map(|i| format!("x{i}")));
@@ -443,6 +469,8 @@ impl Sim {
             exec_outs: Vec::new(),
             restart_results: Vec::new(),
             ctx: StepCtx::default(),
+            exec_stale: None,
+            seen_terms: vec![None; n],
             codec_credit: 0.0,
             step_wrote: false,
             step_outputs: 0,
@@ -721,6 +749,9 @@ impl Sim {
                     self.resume(i);
                 }
             }
+            Ev::DeposedResume(inc) => self.deposed_resume(inc),
+            Ev::DeposedTick(inc) => self.deposed_timer(inc),
+            Ev::DeposedStepDown(inc) => self.deposed_renewal_failed(inc),
             Ev::LagRelease { slot, gen } => {
                 if self.held[slot].is_some_and(|h| h.gen == gen) {
                     self.release_tick(slot);
@@ -1178,6 +1209,7 @@ impl Sim {
         match o {
             MillOutput::Persist(batch) => {
                 self.step_wrote = true;
+                self.note_term_write(self.w.mill_cfg.term, self.w.mill_inc);
                 self.w.mill_store.apply(&batch);
                 for write in &batch.writes {
                     if let MillWrite::JobState {
@@ -1424,6 +1456,32 @@ impl Sim {
             } => Some(*lease),
             _ => None,
         };
+        // E13, I13: a message below the highest term this executor has seen must be refused
+        // (judged on the step's outputs); one from a deposed mill to an executor that has
+        // not heard its successor is fine (the successor judges that node later, §10).
+        let welcome = match &input {
+            ExecutorInput::Message {
+                conn,
+                msg: ToExecutor::Welcome { term, .. },
+            } => Some((*conn, *term)),
+            _ => None,
+        };
+        if let (ExecutorInput::Message { msg, .. }, Some(x)) = (&input, &self.w.execs[i].exec) {
+            // The highest term it accepted a `Welcome` of in this epoch, as seen from
+            // outside, so an executor that forgot one (a lost write) is judged too.
+            let epoch = x.durable().epoch;
+            let outside = self.seen_terms[i]
+                .filter(|(e, _)| *e == epoch)
+                .map_or(millrace_core::Term(0), |(_, t)| t);
+            let seen = x.durable().term.max(outside);
+            match msg.term() {
+                Some(term) if term < seen => self.exec_stale = Some((term, seen)),
+                Some(term) if term < self.w.mill_cfg.term => {
+                    self.cov.hit(Path::DeposedMessageDelivered)
+                }
+                Some(_) | None => {}
+            }
+        }
         let p = &mut self.w.execs[i];
         let Some(x) = p.exec.as_mut() else {
             return;
@@ -1438,7 +1496,21 @@ impl Sim {
         }
         x.handle(t(now), input);
         self.stats.exec_steps += 1;
+        let epoch = x.durable().epoch;
         self.after_exec_step(i);
+        // Accepted: the link is up on that connection (no close, no `Stale`).
+        if let Some((conn, term)) = welcome {
+            let accepted = self.w.execs[i]
+                .exec
+                .as_ref()
+                .is_some_and(|x| x.session_conn() == Some(conn));
+            if accepted {
+                let best = self.seen_terms[i]
+                    .filter(|(e, _)| *e == epoch)
+                    .map_or(term, |(_, t)| t.max(term));
+                self.seen_terms[i] = Some((epoch, best));
+            }
+        }
         self.exec_commit_input = None;
         if let Some((lease, inc)) = cancel {
             let p = &self.w.execs[i];
@@ -1458,6 +1530,9 @@ impl Sim {
             while let Some(o) = x.poll_output() {
                 outs.push(o);
             }
+        }
+        if let Some((term, seen)) = self.exec_stale.take() {
+            self.check_stale_refused(i, &outs, term, seen);
         }
         // Group commit, as the node's executor driver does (`flush`: every `Persist` of a
         // batch of inputs is written before any other output is acted on, order otherwise
@@ -1557,9 +1632,9 @@ impl Sim {
             self.trace.line(now, name, |s| trace::exec_output(s, &o));
         }
         match o {
-            ExecutorOutput::Connect { .. } => {
+            ExecutorOutput::Connect { mill } => {
                 let inc = self.w.execs[i].inc;
-                let (conn, at) = self.w.net.open(now, i, inc);
+                let (conn, at) = self.w.net.open(now, i, inc, mill);
                 self.at(at, Ev::Pump { conn, up: true });
                 self.w.execs[i].connecting = Some(conn);
                 self.at(now + CONNECT_TIMEOUT, Ev::ConnectTimeout { exec: i, conn });
@@ -2012,7 +2087,25 @@ impl Sim {
             return;
         };
         let exec = c.exec;
+        let (addr, conn_inc, conn_open) = (c.addr, c.mill_inc, c.mill_open);
+        // DESIGN §10: a deposed mill still holds what it accepted, and its address.
+        if self.deposed_conn(conn_inc) && conn_open && !matches!(packet, Packet::Syn) {
+            return self.deliver_to_deposed(conn, packet);
+        }
+        if matches!(packet, Packet::Syn) && self.deposed_syn(conn, addr) {
+            return;
+        }
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
         match packet {
+            Packet::Syn if addr != self.w.leader_addr => {
+                // A standby listens there and takes no executor (it would answer `Hello`
+                // with `Refused{leader}`, E13 tests that in core).
+                if let Some(at) = self.w.net.push(now, conn, false, Packet::Refuse) {
+                    self.at(at, Ev::Pump { conn, up: false });
+                }
+            }
             Packet::Syn => {
                 if mill_up {
                     c.mill_open = true;
@@ -2037,24 +2130,10 @@ impl Sim {
                 if !(c.mill_open && mill_up && c.mill_inc == inc) {
                     return;
                 }
-                let msg = match payload {
-                    Payload::ToMill(m) => m,
-                    Payload::Frame(bytes) => {
-                        c.up.decoder.push(&bytes);
-                        match c.up.decoder.next_to_mill() {
-                            Ok(Some(m)) => m,
-                            other => {
-                                self.violate(Violation {
-                                    rule: "codec",
-                                    message: format!(
-                                        "frame from x{exec} on {conn} did not decode: {other:?}"
-                                    ),
-                                });
-                                return;
-                            }
-                        }
-                    }
-                    Payload::ToExec(_) => return,
+                let msg = match decode_up(c, payload) {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return,
+                    Err(e) => return self.violate(e),
                 };
                 self.last_up.insert(conn, now);
                 let mut near_grace = None;
@@ -2133,6 +2212,28 @@ impl Sim {
                 }
             }
             Packet::Accept | Packet::Refuse => {}
+        }
+    }
+
+    /// What a deposed mill's connection delivers to it.
+    fn deliver_to_deposed(&mut self, conn: ConnId, packet: Packet) {
+        let Some(c) = self.w.net.conns.get_mut(&conn) else {
+            return;
+        };
+        match packet {
+            Packet::Msg(payload) => {
+                let msg = match decode_up(c, payload) {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return,
+                    Err(e) => return self.violate(e),
+                };
+                self.deposed_input(MillInput::Message { conn, msg });
+            }
+            Packet::Fin => {
+                c.mill_open = false;
+                self.deposed_input(MillInput::Disconnected { conn });
+            }
+            Packet::Syn | Packet::Accept | Packet::Refuse => {}
         }
     }
 
@@ -2252,7 +2353,11 @@ impl Sim {
             return;
         };
         if to_mill {
-            if c.mill_open && c.mill_inc == inc && self.w.mill.is_some() {
+            let deposed = self.w.deposed.as_ref().is_some_and(|d| d.inc == c.mill_inc);
+            if c.mill_open && deposed {
+                c.mill_open = false;
+                self.deposed_input(MillInput::Disconnected { conn });
+            } else if c.mill_open && c.mill_inc == inc && self.w.mill.is_some() {
                 c.mill_open = false;
                 self.mill_input(MillInput::Disconnected { conn });
             } else {
@@ -2379,6 +2484,8 @@ impl Sim {
                     self.at(until, Ev::Resume(exec));
                 }
             }
+            Fault::PauseMill { until } => self.depose_leader(Some(until)),
+            Fault::CutMillStore => self.depose_leader(None),
             Fault::Lose { exec } => {
                 let p = &mut self.w.execs[exec];
                 if !p.lost {
@@ -2477,6 +2584,22 @@ impl Sim {
         // E13: every start takes a higher term from the store, as the node's SQLite store
         // counts one up at each open; executors welcomed again persist it.
         self.w.mill_cfg.term = millrace_core::Term(self.w.mill_cfg.term.get() + 1);
+        // DESIGN §10: with two addresses the standby at the other one takes over; a deposed
+        // mill still there has stepped down first (its process is that standby).
+        if self.w.mill_addrs > 1 {
+            self.w.leader_addr = (self.w.leader_addr + 1) % self.w.mill_addrs;
+            if self.w.deposed.is_some() {
+                self.cov.hit(Path::Takeover);
+            }
+            if self
+                .w
+                .deposed
+                .as_ref()
+                .is_some_and(|d| d.addr == self.w.leader_addr)
+            {
+                self.deposed_step_down("a standby again: it takes over");
+            }
+        }
         match Mill::new(
             self.w.mill_cfg.clone(),
             Some(self.w.mill_store.clone()),
@@ -2867,6 +2990,7 @@ impl Sim {
             }
         }
         self.w.mill_crash = None;
+        self.deposed_step_down("faults stop");
         if self.w.mill.is_none() {
             self.restart_mill();
         }
@@ -3134,6 +3258,26 @@ const RESUBMIT_EVERY: usize = 4;
 fn arrival_key(k: usize) -> IdempotencyKey {
     // "arrival-" and a decimal index: always 1-256 printable ASCII characters.
     IdempotencyKey::new(format!("arrival-{k}")).unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+/// What an executor's packet on `c` carries for the mill: `None` for a payload that is not
+/// for the mill (or a frame not complete yet), a codec violation for a frame that does not
+/// decode (honest peers' frames always do).
+fn decode_up(c: &mut crate::net::Conn, payload: Payload) -> Result<Option<ToMill>, Violation> {
+    match payload {
+        Payload::ToMill(m) => Ok(Some(m)),
+        Payload::Frame(bytes) => {
+            c.up.decoder.push(&bytes);
+            match c.up.decoder.next_to_mill() {
+                Ok(Some(m)) => Ok(Some(m)),
+                other => Err(Violation {
+                    rule: "codec",
+                    message: format!("frame from x{} did not decode: {other:?}", c.exec),
+                }),
+            }
+        }
+        Payload::ToExec(_) => Ok(None),
+    }
 }
 
 fn dur(d: Duration) -> Micros {

@@ -61,6 +61,8 @@ pub struct Conn {
     pub exec_inc: u32,
     /// The mill's incarnation that accepted it (0 until accepted).
     pub mill_inc: u32,
+    /// The mill address the executor dialed (`Connect{mill}`, DESIGN §10).
+    pub addr: usize,
     /// Executor → mill.
     pub up: Dir,
     /// Mill → executor.
@@ -120,13 +122,20 @@ impl Net {
 
     /// A new connection from `exec`; its `Syn` is queued at `now`. Returns the id and when to
     /// pump its up direction.
-    pub fn open(&mut self, now: Micros, exec: usize, exec_inc: u32) -> (ConnId, Micros) {
+    pub fn open(
+        &mut self,
+        now: Micros,
+        exec: usize,
+        exec_inc: u32,
+        addr: usize,
+    ) -> (ConnId, Micros) {
         let id = ConnId(self.next);
         self.next += 1;
         let conn = Conn {
             exec,
             exec_inc,
             mill_inc: 0,
+            addr,
             up: Dir::default(),
             down: Dir::default(),
             mill_open: false,

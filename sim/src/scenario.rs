@@ -16,6 +16,12 @@ pub type Micros = u64;
 pub const SEC: Micros = 1_000_000;
 /// Microseconds in a millisecond.
 pub const MS: Micros = 1_000;
+/// How long a leading mill's lease in the store lasts (DESIGN §10): a standby takes over
+/// this long after the leader last renewed.
+pub const LEADER_LEASE: Micros = 10 * SEC;
+/// The longest a deposed mill that resumed acts before its failed renewal makes it step
+/// down (it renews every third of its lease).
+pub const RENEW_AFTER_RESUME: Micros = LEADER_LEASE / 3;
 
 /// A kind of trouble (or of workload feature) that a seed may turn on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +59,11 @@ pub enum Family {
     /// Executor hosts that die for good without a FIN (decommissioned after a hardware
     /// failure): only the mill's silence check (M9) and grace (M5, M29) end their leases.
     Lose,
+    /// A second mill address and leader terms (DESIGN §10, E13, I13): the leading mill is
+    /// paused past its leader lease (a GC pause) or cut from the store, a standby takes over
+    /// at the other address under a higher term, and the deposed one comes back and acts
+    /// until it steps down; a crashed mill's successor also starts at the other address.
+    Failover,
 }
 
 impl Family {
@@ -73,17 +84,18 @@ impl Family {
         Family::DriverLag,
         Family::Hang,
         Family::Lose,
+        Family::Failover,
     ];
 
     /// How many families there are.
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
 
     /// Families added after the seed plans of the scenario library were fixed: they draw
     /// from the seed only when a scenario uses them, so older scenarios keep their plans.
     /// `"all"` in a scenario file leaves them out: a lost host may hold the only labels
     /// some jobs need, which a drawn fleet does not avoid.
     pub fn late(self) -> bool {
-        matches!(self, Family::Hang | Family::Lose)
+        matches!(self, Family::Hang | Family::Lose | Family::Failover)
     }
 
     /// A short name for reports.
@@ -104,6 +116,7 @@ impl Family {
             Family::DriverLag => "driver-lag",
             Family::Hang => "hang",
             Family::Lose => "lose",
+            Family::Failover => "failover",
         }
     }
 }
@@ -532,6 +545,20 @@ pub enum Fault {
         /// The executor.
         exec: usize,
     },
+    /// The leading mill's process stops (a GC pause, SIGSTOP) until `until`, past its leader
+    /// lease ([`LEADER_LEASE`]): at `LEADER_LEASE` a standby takes over from the store under
+    /// the next term at the other address (DESIGN §10). The paused one keeps its connections
+    /// and its state; when it resumes it handles what waited and acts until it steps down —
+    /// at its first write (the store refuses its term), when an executor tells it of a higher
+    /// term (E13), or when its renewal fails ([`RENEW_AFTER_RESUME`] at most).
+    PauseMill {
+        /// When it resumes.
+        until: Micros,
+    },
+    /// The leading mill loses the store but not its executors: it runs on, its writes fail
+    /// (it steps down at the first, or when its local lease runs out), and a standby takes
+    /// over at [`LEADER_LEASE`] (DESIGN §10).
+    CutMillStore,
     /// A second executor process claims the node id of `exec` (a misconfigured duplicate
     /// host: same node id, its own store and epoch) until `until`, when an operator stops
     /// it for good. While the first holds a live session the mill refuses it (M2).
@@ -612,6 +639,10 @@ impl fmt::Display for Fault {
             ),
             Fault::Hang { exec, until } => write!(f, "hang x{exec} until {}", secs(*until)),
             Fault::Lose { exec } => write!(f, "lose x{exec} for good (host dies, no FIN)"),
+            Fault::PauseMill { until } => {
+                write!(f, "pause the leading mill until {}", secs(*until))
+            }
+            Fault::CutMillStore => write!(f, "cut the leading mill from its store"),
             Fault::Twin { exec, until } => write!(
                 f,
                 "a twin process claims x{exec}'s node id until {}",
@@ -852,6 +883,43 @@ impl FaultPlan {
                     let k = rng.index(all.len());
                     let exec = all.swap_remove(k);
                     faults.push((at(rng), Fault::Lose { exec }));
+                }
+            }
+        }
+        if let Some(i) = swarm.get(Family::Failover) {
+            let silence = timing.silence;
+            for _ in 0..count(rng, i, 120.0).max(1) {
+                let start = at(rng);
+                if rng.chance(0.6) {
+                    // Back before the executors' silence check (their links still open,
+                    // they have not heard the successor) or after it (they have).
+                    let long = rng.chance(0.5);
+                    let len = LEADER_LEASE
+                        + if long {
+                            rng.range(silence + SEC, silence + 20 * SEC)
+                        } else {
+                            rng.range(SEC, silence.saturating_sub(LEADER_LEASE).max(2 * SEC))
+                        };
+                    faults.push((start, Fault::PauseMill { until: start + len }));
+                    // Executors restarted just after a long pause ends have heard the
+                    // successor; each dials the first address first and may reach the
+                    // deposed mill before it steps down (E13: refused at Hello).
+                    if long {
+                        for _ in 0..2 {
+                            faults.push((
+                                start + len + rng.range(0, RENEW_AFTER_RESUME / 2),
+                                Fault::CrashExec {
+                                    exec: rng.index(executors),
+                                    wipe: false,
+                                    down: rng.range(20 * MS, 300 * MS),
+                                    silent: false,
+                                    at_commit: false,
+                                },
+                            ));
+                        }
+                    }
+                } else {
+                    faults.push((start, Fault::CutMillStore));
                 }
             }
         }

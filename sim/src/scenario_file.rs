@@ -934,6 +934,8 @@ fn fault_end(at: Micros, f: &Fault) -> Micros {
         | Fault::Lag { until, .. }
         | Fault::Hang { until, .. }
         | Fault::Twin { until, .. } => *until,
+        Fault::PauseMill { until } => *until,
+        Fault::CutMillStore => at + crate::scenario::LEADER_LEASE,
         Fault::Reset { .. } | Fault::Lose { .. } => at,
         Fault::CrashExec { down, .. } | Fault::CrashMill { down, .. } => at + down,
     }

@@ -194,6 +194,35 @@ pub struct World {
     pub index: BTreeMap<NodeId, usize>,
     /// The last snapshot delivered to the mill from each executor: (connection, time).
     pub snapshot_delivered: Vec<Option<(ConnId, Micros)>>,
+    /// Mill addresses the executors know (2 with the failover family, DESIGN §10).
+    pub mill_addrs: usize,
+    /// The address the leading mill (`mill`) listens on.
+    pub leader_addr: usize,
+    /// A mill that lost its leadership but may still run (paused past its lease, or cut
+    /// from the store): it keeps its connections until it steps down.
+    pub deposed: Option<Deposed>,
+    /// Which mill incarnation wrote under each term (I13: never two).
+    pub term_writers: BTreeMap<millrace_core::Term, u32>,
+}
+
+/// A deposed mill process (DESIGN §10): it still holds its state, its term and the
+/// connections it accepted, and acts on them while it runs, until it steps down.
+#[derive(Debug)]
+pub struct Deposed {
+    /// Its state machine.
+    pub mill: Mill,
+    /// The incarnation whose connections it holds (`Conn::mill_inc`).
+    pub inc: u32,
+    /// Its term (below the store's once a successor took over).
+    pub term: millrace_core::Term,
+    /// The address it listens on.
+    pub addr: usize,
+    /// Paused (SIGSTOP) until then: it handles nothing, its inputs wait.
+    pub paused_until: Option<Micros>,
+    /// Cut from the store: none of its writes can succeed.
+    pub cut: bool,
+    /// Inputs that reached it while paused, in order.
+    pub deferred: std::collections::VecDeque<millrace_core::mill::MillInput>,
 }
 
 impl World {

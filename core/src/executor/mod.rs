@@ -432,6 +432,11 @@ impl Executor {
             .unwrap_or_else(|| self.config.session_timers())
     }
 
+    /// The connection of the welcomed session, if one is up (drivers and checkers).
+    pub fn session_conn(&self) -> Option<ConnId> {
+        self.ready_conn()
+    }
+
     /// What the executor holds as durable (everything persisted so far, applied).
     pub fn durable(&self) -> &ExecutorSnapshot {
         &self.durable
