@@ -805,6 +805,11 @@ pub struct BenchArgs {
     /// The mill's direct placement (M35); `false` places every job by bid (M12), for A/B runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub direct_placement: bool,
+    /// The mill's store: a SQLite store on a temp dir (the default), or
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` to measure the shared store (DESIGN §10);
+    /// the database must be millrace's own, and no other mill may lead it.
+    #[arg(long, value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
 }
 
 #[cfg(test)]

@@ -190,11 +190,17 @@ pub async fn loadgen(args: LoadgenArgs) -> Result<(), String> {
 /// placements/s.
 pub async fn bench(args: BenchArgs) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store = args
+        .store
+        .as_deref()
+        .map(crate::store::StoreLocation::parse)
+        .transpose()
+        .map_err(|e| format!("--store: {e}"))?;
     let token = "bench-token-0123456789".to_string();
     let api_token = "bench-api-token-0123456789".to_string();
     let opts = MillOptions {
         data: dir.path().to_path_buf(),
-        store: None,
+        store,
         executor_listen: "127.0.0.1:0".into(),
         http_listen: "127.0.0.1:0".into(),
         token: token.clone(),
