@@ -237,7 +237,10 @@ impl Executor {
         if welcoming {
             self.on_message_before_welcome(now, conn, msg);
         } else if ready {
-            self.last_heard = now;
+            // A stale term is no word from the mill that leads (E12 counts only those, E13).
+            if msg.term().is_none_or(|t| t >= self.durable.term) {
+                self.last_heard = now;
+            }
             self.on_session_message(now, conn, msg);
         }
         // Otherwise it came on a connection we already gave up: nothing to act on.
