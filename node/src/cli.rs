@@ -69,6 +69,26 @@ pub enum Cmd {
     /// Submit→committed latency and placement throughput on loopback (benchmarks).
     #[command(hide = true)]
     Bench(BenchArgs),
+    /// Print a shell completion script:
+    /// `millrace completions bash > /usr/share/bash-completion/completions/millrace`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `millrace man > millrace.1; man ./millrace.1`.
+    Man,
+}
+
+/// Writes the completion script for `shell` (generated from the CLI's own definition, so it
+/// lists every subcommand and flag this build has).
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cmd, "millrace", out);
+}
+
+/// Writes the man page, generated from the CLI's own definition.
+pub fn man(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(out)
 }
 
 /// Quarantine subcommands.
@@ -820,6 +840,43 @@ mod tests {
     struct Wrap {
         #[command(flatten)]
         tuning: MillTuning,
+    }
+
+    /// Completions and the man page come from the CLI itself: every visible subcommand and
+    /// a flag of each shows up, for bash, zsh and fish (issue 18 item 4).
+    #[test]
+    fn completions_and_the_man_page_name_every_subcommand() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let mut out = Vec::new();
+            completions(shell, &mut out);
+            let text = String::from_utf8(out).unwrap();
+            for word in [
+                "mill",
+                "executor",
+                "standalone",
+                "submit",
+                "store",
+                "retention",
+                "reconnect-grace",
+            ] {
+                assert!(text.contains(word), "{shell:?} completion lacks {word}");
+            }
+        }
+        let mut out = Vec::new();
+        man(&mut out).unwrap();
+        let page = String::from_utf8(out).unwrap();
+        assert!(
+            page.starts_with(".ie") || page.contains(".TH millrace"),
+            "{}",
+            &page[..200.min(page.len())]
+        );
+        for word in ["mill", "executor", "submit", "completions"] {
+            assert!(page.contains(word), "man page lacks {word}");
+        }
     }
 
     /// `MillTuning::default()` (used by `demo` and `bench`) is what the flags default to.

@@ -76,6 +76,8 @@ fn main() -> ExitCode {
             | Cmd::Quota(_)
             | Cmd::Quarantine { .. }
             | Cmd::Demo(_)
+            | Cmd::Completions { .. }
+            | Cmd::Man
     );
     if !quiet || std::env::var_os("RUST_LOG").is_some() {
         // A bench prints its own results; the mill's per-job lines would only cost time
@@ -113,6 +115,17 @@ fn main() -> ExitCode {
         Cmd::Quarantine {
             cmd: QuarantineCmd::Lift { node, client: c },
         } => client(client::lift(&node, &c)),
+        Cmd::Completions { shell } => {
+            cli::completions(shell, &mut std::io::stdout().lock());
+            ExitCode::SUCCESS
+        }
+        Cmd::Man => match cli::man(&mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("millrace: writing the man page: {e}");
+                ExitCode::from(2)
+            }
+        },
         cmd => serve(cmd),
     }
 }
