@@ -122,7 +122,8 @@ pub fn ensure_token(path: &Path) -> Result<String, NodeError> {
     }
     let mut token = String::new();
     for _ in 0..4 {
-        let r = crate::sqlite::random_u64().map_err(io("reading /dev/urandom"))?;
+        let r =
+            crate::sqlite::random_u64().map_err(io("the operating system's random generator"))?;
         token.push_str(&format!("{r:016x}"));
     }
     use std::io::Write;

@@ -415,9 +415,9 @@ pub fn to_u64(v: i64) -> u64 {
 
 /// Eight random bytes from the OS, for epochs, tokens and backoff seeds.
 pub fn random_u64() -> std::io::Result<u64> {
-    use std::io::Read;
+    // The operating system's generator through `getrandom` (issue 18 item 3).
     let mut buf = [0u8; 8];
-    File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    getrandom::fill(&mut buf).map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(u64::from_ne_bytes(buf))
 }
 

@@ -1539,13 +1539,8 @@ impl Mill {
 
 /// Compares secrets in time independent of where they differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
+    // `subtle` (issue 18 item 3): the time depends on the lengths, never on the bytes.
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 fn reason(s: impl Into<String>) -> String {
