@@ -507,6 +507,31 @@ pub struct MillArgs {
         help_heading = "TLS"
     )]
     pub tls_client_ca: Option<PathBuf>,
+    /// High availability (a PostgreSQL --store): how long a won or renewed leadership lasts by
+    /// the database's clock. The leader renews every third of it and steps down after 90 %
+    /// without a renewal; a standby campaigns every third of it. A leader killed without
+    /// resigning is replaced within about one lease.
+    #[arg(long, env = "MILLRACE_LEADER_LEASE", default_value = "15s", value_parser = dur, help_heading = "High availability")]
+    pub leader_lease: Duration,
+    /// High availability: the executor address (host:port) written into the leader row, which
+    /// standbys tell executors; it must be one of the executors' --mill addresses. Default:
+    /// the bound --executor-listen address.
+    #[arg(
+        long,
+        env = "MILLRACE_ADVERTISE_EXECUTOR",
+        value_name = "HOST:PORT",
+        help_heading = "High availability"
+    )]
+    pub advertise_executor: Option<String>,
+    /// High availability: the HTTP address (host:port) written into the leader row, which
+    /// standbys name in their 503 answers. Default: the bound --http-listen address.
+    #[arg(
+        long,
+        env = "MILLRACE_ADVERTISE_HTTP",
+        value_name = "HOST:PORT",
+        help_heading = "High availability"
+    )]
+    pub advertise_http: Option<String>,
     /// Timers.
     #[command(flatten)]
     pub timing: Timing,

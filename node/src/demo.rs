@@ -48,6 +48,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
             },
             tls: None,
             quota: Default::default(),
+            ha: Default::default(),
         },
         clock,
     )

@@ -56,6 +56,8 @@ pub struct Api {
     pub max_job_timeout: Duration,
     /// The executor port's pre-`Hello` counters, for `/metrics`.
     pub preauth: Arc<crate::preauth::Preauth>,
+    /// The term this mill leads under (E13, DESIGN §10), shown by `/health`.
+    pub term: u64,
 }
 
 /// A JSON error answer.
@@ -330,8 +332,10 @@ async fn auth(State(api): State<Api>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// Open: a load balancer or a standby's operator asks it. A leading mill says so and its
+/// term; a standby (`crate::standby`) answers `role: standby` and names the leader.
+async fn health(State(api): State<Api>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "role": "leader", "term": api.term}))
 }
 
 async fn read<T: Send + 'static>(

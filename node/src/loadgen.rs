@@ -224,6 +224,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         },
         tls: None,
         quota: Default::default(),
+        ha: Default::default(),
     };
     let mill = node::start_mill(opts, Clock::start())
         .await

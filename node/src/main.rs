@@ -27,6 +27,7 @@ mod preauth;
 mod quota_view;
 mod shell;
 mod sqlite;
+mod standby;
 mod store;
 mod supervisor;
 mod syncs;
@@ -227,26 +228,51 @@ async fn run_mill(a: cli::MillArgs) -> Result<(), String> {
         .map(store::StoreLocation::parse)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let mill = node::start_mill(
-        MillOptions {
-            data: a.data.clone(),
-            store,
-            executor_listen: a.executor_listen.clone(),
-            http_listen: a.http_listen.clone(),
-            token,
-            api_token,
-            timing: a.timing.clone(),
-            tuning: a.tuning.clone(),
-            tls: mill_tls(&a)?,
-            quota,
+    let opts = MillOptions {
+        data: a.data.clone(),
+        store,
+        executor_listen: a.executor_listen.clone(),
+        http_listen: a.http_listen.clone(),
+        token,
+        api_token,
+        timing: a.timing.clone(),
+        tuning: a.tuning.clone(),
+        tls: mill_tls(&a)?,
+        quota,
+        ha: standby::HaSettings {
+            lease: a.leader_lease,
+            advertise_executor: a.advertise_executor.clone(),
+            advertise_http: a.advertise_http.clone(),
         },
-        Clock::start(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    wait_or_fail(|| mill.driver_finished()).await;
+    };
+    // On a PostgreSQL store this stands by while another mill leads (DESIGN §10).
+    let Some(mill) = node::start_or_stand_by(opts, Clock::start(), node::signalled())
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        tracing::info!("stopped while standing by");
+        return Ok(());
+    };
+    wait_or_fail(|| mill.driver_finished() || mill.stepped_down().is_some()).await;
+    if let Some(why) = mill.stepped_down() {
+        step_down(&why.0);
+    }
     tracing::info!("shutting down: no new connections; committing and closing the store");
-    mill.stop().await.map_err(|e| e.to_string())
+    let stopped = mill.stop().await.map_err(|e| e.to_string());
+    if let Err(e) = &stopped {
+        if e.contains("deposed:") {
+            step_down(e);
+        }
+    }
+    stopped
+}
+
+/// A leader that lost its store's leadership stops at once, exit code 3, without another
+/// write or message: its supervisor restarts it as a standby (DESIGN §10).
+fn step_down(why: &str) -> ! {
+    tracing::error!(reason = %why, "stepped down: this mill no longer leads its store");
+    eprintln!("millrace: stepped down: {why}");
+    std::process::exit(3)
 }
 
 /// The mill's TLS files: none, or a certificate with its key (and maybe a client CA).
@@ -357,6 +383,7 @@ async fn run_standalone(a: cli::StandaloneArgs) -> Result<(), String> {
             // Standalone listens on loopback by default; TLS is for `mill` across machines.
             tls: None,
             quota,
+            ha: Default::default(),
         },
         clock,
     )

@@ -22,7 +22,7 @@ use crate::exec_store::ExecStore;
 use crate::http::{self, Api};
 use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
 use crate::net::{self, OUT_QUEUE};
-use crate::pg_store::{PgLeadership, PgStore};
+use crate::pg_store::PgStore;
 use crate::preauth::{Preauth, PreauthConfig, Reject, Rejected};
 use crate::shell::{EngineSettings, ShellEngine};
 use crate::sqlite::StoreError;
@@ -162,6 +162,8 @@ pub struct MillOptions {
     pub tls: Option<crate::tls::MillTlsFiles>,
     /// Quota limits (`--config`'s `[quota]`, §6); the default limits nothing.
     pub quota: QuotaConfig,
+    /// Leadership of a PostgreSQL store (`--leader-lease`, `--advertise-*`); unused on SQLite.
+    pub ha: crate::standby::HaSettings,
 }
 
 impl MillOptions {
@@ -253,15 +255,13 @@ pub struct MillNode {
     driver: std::thread::JoinHandle<Result<(), mill_driver::DriverError>>,
     logs: std::thread::JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Renews the leadership of a PostgreSQL store.
+    watchdog: Option<crate::standby::Watchdog>,
 }
 
 fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
-
-/// How long a PostgreSQL mill's leadership lasts from its start. Interim (issue 14 item 2):
-/// no campaign loop renews it yet, and a deposed mill stops at its next write (I13).
-const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// A store, what it holds and a reader for the HTTP API.
 type Opened = (Store, Option<millrace_core::mill::MillSnapshot>, Reader);
@@ -273,31 +273,81 @@ fn open_sqlite_store(dir: &std::path::Path) -> Result<Opened, StoreError> {
     Ok((store, snapshot, reader))
 }
 
-/// Takes the leadership of the PostgreSQL store at `url` (DESIGN §10) and opens it under
-/// the new term; refuses while another mill's lease is live.
-fn open_pg_store(url: &crate::store::PgUrl, me: &str, address: &str) -> Result<Opened, StoreError> {
-    let mut leadership = PgLeadership::connect(url)?;
-    let Some(term) = leadership.campaign(me, address, LEADER_LEASE)? else {
-        let target = leadership.target().to_string();
-        return Err(match leadership.leader()? {
-            Some(l) => StoreError::NotLeader {
-                target,
-                holder: l.holder,
-                address: l.address,
-                term: l.term,
-                expires_in: l.expires_in,
-            },
-            None => StoreError::ForeignDatabase {
-                target,
-                reason: "the campaign lost, yet millrace_leader has no row".into(),
-            },
-        });
-    };
-    tracing::info!(store = %leadership.target(), term, holder = me, "took the mill's leadership");
+/// Opens the PostgreSQL store at `url` under the term this mill won (DESIGN §10).
+fn open_pg_store(url: &crate::store::PgUrl, term: u64) -> Result<Opened, StoreError> {
     let mut store = Store::Postgres(Box::new(PgStore::open(url, term)?));
     let snapshot = store.load()?;
     let reader = store.reader()?;
     Ok((store, snapshot, reader))
+}
+
+/// The listeners and the leadership a mill on a shared store starts leading with.
+pub struct Leading {
+    listeners: crate::standby::Listeners,
+    won: crate::standby::Won,
+}
+
+/// What this mill writes into the leader row, from its bound listeners.
+fn candidate(
+    opts: &MillOptions,
+    listeners: &crate::standby::Listeners,
+) -> Result<crate::standby::Candidate, NodeError> {
+    let (executor, http) = listeners.addrs().map_err(io("listener addresses"))?;
+    Ok(crate::standby::Candidate {
+        holder: leader_name(&executor.to_string()),
+        executor: opts
+            .ha
+            .advertise_executor
+            .clone()
+            .unwrap_or_else(|| executor.to_string()),
+        http: opts
+            .ha
+            .advertise_http
+            .clone()
+            .unwrap_or_else(|| http.to_string()),
+    })
+}
+
+/// Starts a mill that may have to wait for leadership: on SQLite it starts at once; on a
+/// PostgreSQL store it binds its listeners, stands by while another mill leads (DESIGN
+/// §10) and starts leading when it wins a campaign. `None`: `stop` fired first.
+pub async fn start_or_stand_by(
+    opts: MillOptions,
+    clock: Clock,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Option<MillNode>, NodeError> {
+    let Some(StoreLocation::Postgres(url)) = &opts.store else {
+        return start_mill(opts, clock).await.map(Some);
+    };
+    opts.ha.validate().map_err(NodeError::Config)?;
+    let tls = opts.tls.as_ref().map(|f| f.load()).transpose()?;
+    let listeners =
+        crate::standby::Listeners::bind(&opts.executor_listen, &opts.http_listen).await?;
+    let who = candidate(&opts, &listeners)?;
+    let fd_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let serve = crate::standby::StandbyServe {
+        preauth: PreauthConfig {
+            hello_timeout: opts.tuning.hello_timeout,
+            max_connections: opts.tuning.max_preauth_connections,
+            token: opts.token.clone(),
+        },
+        limits: http::HttpLimits {
+            header_timeout: opts.tuning.http_header_timeout,
+            body_timeout: opts.tuning.http_body_timeout,
+            max_connections: opts.tuning.http_max_connections,
+        },
+        tls,
+        fds: net::FdBudget::new(fd_limit, fd_reserve(fd_limit)),
+    };
+    let url = url.clone();
+    let Some(won) = crate::standby::stand_by(&url, &who, &opts.ha, &listeners, serve, stop).await?
+    else {
+        return Ok(None);
+    };
+    start_leading(opts, clock, Some(Leading { listeners, won }))
+        .await
+        .map(Some)
 }
 
 /// This mill's name in the leader row: the host and its executor listener, the same
@@ -309,9 +359,20 @@ fn leader_name(executor_listen: &str) -> String {
     format!("{host}/{executor_listen}")
 }
 
-/// Opens the store, restores the mill (M29), binds both listeners and starts serving.
-pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
+/// Opens the store, restores the mill (M29), binds both listeners and starts serving. On a
+/// PostgreSQL store it campaigns once and fails with [`StoreError::NotLeader`] while another
+/// mill leads ([`start_or_stand_by`] waits instead).
+pub async fn start_mill(opts: MillOptions, clock: Clock) -> Result<MillNode, NodeError> {
+    start_leading(opts, clock, None).await
+}
+
+async fn start_leading(
+    mut opts: MillOptions,
+    clock: Clock,
+    leading: Option<Leading>,
+) -> Result<MillNode, NodeError> {
     opts.tuning.validate().map_err(NodeError::Config)?;
+    opts.ha.validate().map_err(NodeError::Config)?;
     let fd_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(1024, |(soft, _)| soft);
     fit_caps_to_fds(&mut opts.tuning, fd_limit);
@@ -323,15 +384,28 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
     std::fs::create_dir_all(&opts.data)
         .map_err(io(format!("data directory {}", opts.data.display())))?;
     warn_if_dir_open(&opts.data);
+    let mut listeners = None;
+    let mut watchdog = None;
     let (store, snapshot, reader) = match &opts.store {
         None => open_sqlite_store(&opts.data)?,
         Some(StoreLocation::Sqlite(dir)) => open_sqlite_store(dir)?,
         Some(StoreLocation::Postgres(url)) => {
+            let leading = match leading {
+                Some(l) => l,
+                None => campaign_once(&opts, url).await?,
+            };
+            let who = candidate(&opts, &leading.listeners)?;
+            let term = leading.won.term;
+            tracing::info!(term, holder = %who.holder, executor_address = %who.executor, http_address = %who.http, "leading the mill's store");
+            // Renewals start before the restore: a long load must not let the lease lapse.
+            watchdog = Some(
+                crate::standby::Watchdog::spawn(leading.won, who.holder, &opts.ha)
+                    .map_err(io("leader renewal thread"))?,
+            );
+            listeners = Some(leading.listeners);
             let url = url.clone();
-            let me = leader_name(&opts.executor_listen);
-            let address = opts.executor_listen.clone();
             // The sync client blocks and runs its own runtime: never inside this task.
-            tokio::task::spawn_blocking(move || open_pg_store(&url, &me, &address))
+            tokio::task::spawn_blocking(move || open_pg_store(&url, term))
                 .await
                 .map_err(|e| NodeError::Config(format!("opening the store: {e}")))??
         }
@@ -357,6 +431,7 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         term: millrace_core::Term(store.term()),
         ..opts.config()
     };
+    let config_term = config.term.0;
     let mill =
         Mill::new(config, snapshot, clock.now()).map_err(|e| NodeError::Config(e.to_string()))?;
     let (events, _) = broadcast::channel(EVENT_BUFFER);
@@ -392,15 +467,29 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
     )
     .map_err(io("mill driver thread"))?;
 
-    let exec_listener = TcpListener::bind(&opts.executor_listen)
-        .await
-        .map_err(io(format!("executor listener {}", opts.executor_listen)))?;
+    let (exec_listener, http_listener) = match listeners {
+        Some(l) => {
+            let wrap = |l: std::net::TcpListener| {
+                l.set_nonblocking(true)?;
+                TcpListener::from_std(l)
+            };
+            (
+                wrap(l.executor).map_err(io("executor listener"))?,
+                wrap(l.http).map_err(io("HTTP listener"))?,
+            )
+        }
+        None => (
+            TcpListener::bind(&opts.executor_listen)
+                .await
+                .map_err(io(format!("executor listener {}", opts.executor_listen)))?,
+            TcpListener::bind(&opts.http_listen)
+                .await
+                .map_err(io(format!("HTTP listener {}", opts.http_listen)))?,
+        ),
+    };
     let executor_addr = exec_listener
         .local_addr()
         .map_err(io("executor listener address"))?;
-    let http_listener = TcpListener::bind(&opts.http_listen)
-        .await
-        .map_err(io(format!("HTTP listener {}", opts.http_listen)))?;
     let http_addr = http_listener
         .local_addr()
         .map_err(io("HTTP listener address"))?;
@@ -454,6 +543,7 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         ending,
         max_job_timeout: opts.tuning.max_job_timeout,
         preauth,
+        term: config_term,
     };
     let limits = http::HttpLimits {
         header_timeout: opts.tuning.http_header_timeout,
@@ -487,7 +577,48 @@ pub async fn start_mill(mut opts: MillOptions, clock: Clock) -> Result<MillNode,
         driver,
         logs,
         tasks,
+        watchdog,
     })
+}
+
+/// One campaign for a mill started without standing by: binds the listeners, wins or fails
+/// naming the leader.
+async fn campaign_once(
+    opts: &MillOptions,
+    url: &crate::store::PgUrl,
+) -> Result<Leading, NodeError> {
+    let listeners =
+        crate::standby::Listeners::bind(&opts.executor_listen, &opts.http_listen).await?;
+    let who = candidate(opts, &listeners)?;
+    let (u, lease) = (url.clone(), opts.ha.lease);
+    let result =
+        tokio::task::spawn_blocking(move || crate::standby::Won::try_campaign(&u, &who, lease))
+            .await
+            .map_err(|e| NodeError::Config(format!("campaigning: {e}")))??;
+    match result {
+        Ok(won) => Ok(Leading { listeners, won }),
+        Err((leadership, leader)) => {
+            let target = leadership.target().to_string();
+            // The sync client must not be dropped inside a task.
+            tokio::task::spawn_blocking(move || drop(leadership))
+                .await
+                .map_err(|e| NodeError::Config(format!("campaigning: {e}")))?;
+            Err(match leader {
+                Some(l) => StoreError::NotLeader {
+                    target,
+                    holder: l.holder,
+                    address: l.address,
+                    term: l.term,
+                    expires_in: l.expires_in,
+                },
+                None => StoreError::ForeignDatabase {
+                    target,
+                    reason: "the campaign lost, yet millrace_leader has no row".into(),
+                },
+            }
+            .into())
+        }
+    }
 }
 
 impl MillNode {
@@ -514,6 +645,10 @@ impl MillNode {
             tokio::task::spawn_blocking(move || logs.join()),
         )
         .await;
+        if let Some(w) = self.watchdog {
+            // The last commit is done (or failed): hand over now, not at the lease's end.
+            w.resign().await;
+        }
         match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(NodeError::Driver(e.to_string())),
@@ -525,6 +660,38 @@ impl MillNode {
     pub fn driver_finished(&self) -> bool {
         self.driver.is_finished()
     }
+
+    /// Why this mill must stop leading its PostgreSQL store at once, if it must (its term
+    /// moved on, or it could not renew within the lease; DESIGN §10).
+    pub fn stepped_down(&self) -> Option<crate::standby::SteppedDown> {
+        self.watchdog.as_ref().and_then(|w| w.stepped_down())
+    }
+}
+
+/// The executor port's TLS handshake: the stream and the client's certificate, if any
+/// (mutual TLS); a failed handshake is a typed pre-`Hello` rejection.
+pub(crate) async fn tls_accept(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Result<
+    (
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        Option<rustls::pki_types::CertificateDer<'static>>,
+    ),
+    Rejected,
+> {
+    let s = acceptor.accept(stream).await.map_err(|e| Rejected {
+        kind: Reject::Handshake,
+        detail: format!("TLS handshake with {peer}: {e}"),
+    })?;
+    let cert = s
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.clone().into_owned());
+    Ok((s, cert))
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -586,20 +753,7 @@ async fn accept_loop(
             Some(acceptor) => {
                 tokio::spawn(async move {
                     let _fd = fd;
-                    let handshake = async {
-                        let s = acceptor.accept(stream).await.map_err(|e| Rejected {
-                            kind: Reject::Handshake,
-                            detail: format!("TLS handshake with {peer}: {e}"),
-                        })?;
-                        let cert = s
-                            .get_ref()
-                            .1
-                            .peer_certificates()
-                            .and_then(|c| c.first())
-                            .map(|c| c.clone().into_owned());
-                        Ok((s, cert))
-                    };
-                    let admitted = preauth.admit(handshake).await;
+                    let admitted = preauth.admit(tls_accept(acceptor, stream, peer)).await;
                     session(admitted, peer, tx).await;
                 });
             }

@@ -119,8 +119,14 @@ const PG_SCHEMA_V1: &str = r"
     CREATE INDEX idem_keys_by_job ON idem_keys (job);
 ";
 
+/// Schema 2: the leader row also says where the leader's HTTP API listens, so a standby can
+/// tell API clients where to go (issue 14 item 2).
+const PG_SCHEMA_V2: &str = r"
+    ALTER TABLE millrace_leader ADD COLUMN http_address TEXT NOT NULL DEFAULT '';
+";
+
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[PG_SCHEMA_V1];
+const MIGRATIONS: &[&str] = &[PG_SCHEMA_V1, PG_SCHEMA_V2];
 
 /// Every table some version of this build's schema has; any other table makes the database
 /// foreign.
@@ -343,8 +349,10 @@ pub struct LeaderInfo {
     pub term: u64,
     /// Its name.
     pub holder: String,
-    /// Where it listens.
+    /// Where its executors connect.
     pub address: String,
+    /// Where its HTTP API listens (empty if it never said).
+    pub http_address: String,
     /// Until its lease runs out by the database's clock (zero once it has).
     pub expires_in: Duration,
 }
@@ -353,6 +361,7 @@ pub struct LeaderInfo {
 /// the database's clock (`now()`), never the mill's.
 pub struct PgLeadership {
     conn: Conn,
+    url: PgUrl,
 }
 
 impl PgLeadership {
@@ -360,6 +369,7 @@ impl PgLeadership {
     pub fn connect(url: &PgUrl) -> Result<Self, StoreError> {
         Ok(PgLeadership {
             conn: connect(url, true)?,
+            url: url.clone(),
         })
     }
 
@@ -372,21 +382,22 @@ impl PgLeadership {
         &mut self,
         holder: &str,
         address: &str,
+        http_address: &str,
         lease: Duration,
     ) -> Result<Option<u64>, StoreError> {
         let row = self
             .conn
             .client
             .query_opt(
-                "INSERT INTO millrace_leader (id, term, holder, address, expires_at)
-                 VALUES (1, 1, $1, $2, now() + $3::bigint * interval '1 millisecond')
+                "INSERT INTO millrace_leader (id, term, holder, address, http_address, expires_at)
+                 VALUES (1, 1, $1, $2, $4, now() + $3::bigint * interval '1 millisecond')
                  ON CONFLICT (id) DO UPDATE SET term = millrace_leader.term + 1,
                    holder = excluded.holder, address = excluded.address,
-                   expires_at = excluded.expires_at
+                   http_address = excluded.http_address, expires_at = excluded.expires_at
                  WHERE millrace_leader.expires_at <= now()
                    OR millrace_leader.holder = excluded.holder
                  RETURNING term",
-                &[&holder, &address, &millis(lease)],
+                &[&holder, &address, &millis(lease), &http_address],
             )
             .map_err(self.conn.pg())?;
         row.map(|r| r.try_get::<_, i64>(0).map(to_u64))
@@ -396,7 +407,6 @@ impl PgLeadership {
 
     /// Extends `holder`'s lease under `term`; false when the term moved on or the lease had
     /// already expired (then the mill must step down: another may have taken it).
-    #[cfg_attr(not(test), allow(dead_code))] // the campaign loop (issue 14 item 2) calls it
     pub fn renew(&mut self, holder: &str, term: u64, lease: Duration) -> Result<bool, StoreError> {
         let n = self
             .conn
@@ -413,7 +423,6 @@ impl PgLeadership {
 
     /// Gives up leadership under `term` at once (the lease ends now; the term stays, so the
     /// next campaign's is higher). False when `holder` no longer held `term`.
-    #[cfg_attr(not(test), allow(dead_code))] // the campaign loop (issue 14 item 2) calls it
     pub fn resign(&mut self, holder: &str, term: u64) -> Result<bool, StoreError> {
         let n = self
             .conn
@@ -434,7 +443,8 @@ impl PgLeadership {
             .client
             .query_opt(
                 "SELECT term, holder, address,
-                   GREATEST(0, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint
+                   GREATEST(0, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint,
+                   http_address
                  FROM millrace_leader WHERE id = 1",
                 &[],
             )
@@ -445,6 +455,7 @@ impl PgLeadership {
                 term: to_u64(r.try_get(0)?),
                 holder: r.try_get(1)?,
                 address: r.try_get(2)?,
+                http_address: r.try_get(4)?,
                 expires_in: Duration::from_millis(
                     u64::try_from(r.try_get::<_, i64>(3)?).unwrap_or(0),
                 ),
@@ -457,6 +468,11 @@ impl PgLeadership {
     /// `user@host:port/db`.
     pub fn target(&self) -> &str {
         &self.conn.target
+    }
+
+    /// Where it connects.
+    pub fn url(&self) -> &PgUrl {
+        &self.url
     }
 }
 
@@ -1249,7 +1265,12 @@ mod tests {
     fn open_as(u: &PgUrl, holder: &str) -> PgStore {
         let mut l = PgLeadership::connect(u).unwrap();
         let term = l
-            .campaign(holder, "127.0.0.1:7071", Duration::from_secs(60))
+            .campaign(
+                holder,
+                "127.0.0.1:7071",
+                "http-127.0.0.1:7071",
+                Duration::from_secs(60),
+            )
             .unwrap()
             .unwrap();
         PgStore::open(u, term).unwrap()
@@ -1304,16 +1325,24 @@ mod tests {
         let mut a = PgLeadership::connect(&u).unwrap();
         let mut b = PgLeadership::connect(&u).unwrap();
         assert_eq!(a.leader().unwrap(), None);
-        let t1 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        let t1 = a
+            .campaign("a", "addr-a", "http-addr-a", lease)
+            .unwrap()
+            .unwrap();
         assert_eq!(
-            b.campaign("b", "addr-b", lease).unwrap(),
+            b.campaign("b", "addr-b", "http-addr-b", lease).unwrap(),
             None,
             "a holds it"
         );
         let info = b.leader().unwrap().unwrap();
         assert_eq!(
-            (info.term, info.holder.as_str(), info.address.as_str()),
-            (t1, "a", "addr-a")
+            (
+                info.term,
+                info.holder.as_str(),
+                info.address.as_str(),
+                info.http_address.as_str()
+            ),
+            (t1, "a", "addr-a", "http-addr-a")
         );
         assert!(info.expires_in > Duration::from_secs(50), "{info:?}");
         assert!(a.renew("a", t1, lease).unwrap());
@@ -1322,7 +1351,10 @@ mod tests {
         store_a.apply(&[insert(1)], 5).unwrap();
 
         // A restart of the same holder takes a new term; the old term's writes fail.
-        let t2 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        let t2 = a
+            .campaign("a", "addr-a", "http-addr-a", lease)
+            .unwrap()
+            .unwrap();
         assert!(t2 > t1);
         let err = store_a.apply(&[insert(2)], 6).unwrap_err();
         assert!(
@@ -1336,10 +1368,13 @@ mod tests {
 
         // Resigning ends the lease but keeps the term: b's is higher.
         assert!(a.resign("a", t2).unwrap());
-        let t3 = b.campaign("b", "addr-b", lease).unwrap().unwrap();
+        let t3 = b
+            .campaign("b", "addr-b", "http-addr-b", lease)
+            .unwrap()
+            .unwrap();
         assert!(t3 > t2);
         assert_eq!(
-            a.campaign("a", "addr-a", lease).unwrap(),
+            a.campaign("a", "addr-a", "http-addr-a", lease).unwrap(),
             None,
             "b holds it"
         );
@@ -1357,7 +1392,10 @@ mod tests {
             !b.renew("b", t3, lease).unwrap(),
             "the lease already expired"
         );
-        let t4 = a.campaign("a", "addr-a", lease).unwrap().unwrap();
+        let t4 = a
+            .campaign("a", "addr-a", "http-addr-a", lease)
+            .unwrap()
+            .unwrap();
         assert!(t4 > t3);
         let err = store_b
             .purge_finished(u64::MAX, None, 10, |_| false)
@@ -1404,7 +1442,7 @@ mod tests {
         let u2 = u.clone();
         let campaigner = std::thread::spawn(move || {
             let mut b = PgLeadership::connect(&u2).unwrap();
-            b.campaign("b", "addr-b", Duration::from_secs(60))
+            b.campaign("b", "addr-b", "http-addr-b", Duration::from_secs(60))
         });
         wait_until(&mut watch, 2); // the campaign waits behind the writer's share lock
         assert!(!campaigner.is_finished(), "the campaign did not wait");
@@ -1482,7 +1520,7 @@ mod tests {
                 err,
                 StoreError::NewerDatabase {
                     found: 99,
-                    known: 1,
+                    known: 2,
                     ..
                 }
             ),

@@ -83,7 +83,7 @@ pub enum StoreError {
         reason: String,
     },
     /// A PostgreSQL statement failed.
-    #[error("PostgreSQL store {target}: {source}")]
+    #[error("PostgreSQL store {target}: {}", pg_detail(source))]
     Postgres {
         /// `user@host:port/db`, never the password.
         target: String,
@@ -444,6 +444,22 @@ pub enum Split<B, O> {
     Persist(B),
     /// Anything else.
     Other(O),
+}
+
+/// A PostgreSQL client error with what the server said: the client's own `Display` of a
+/// server error is just "db error".
+pub fn pg_detail(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 #[cfg(test)]

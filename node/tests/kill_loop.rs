@@ -67,19 +67,6 @@ fn exit_of(idx: u64) -> i32 {
     }
 }
 
-/// Every job the mill holds, through the API (one page, or job by job beyond a page).
-fn all_jobs(api: &Api) -> Vec<Value> {
-    let (s, v) = api.get("/v1/jobs?limit=1000");
-    assert_eq!(s, 200, "{v}");
-    let jobs = v["jobs"].as_array().unwrap().clone();
-    if jobs.len() < 1000 {
-        return jobs;
-    }
-    // Newest first: the first row has the highest id.
-    let max = jobs[0]["id"].as_u64().unwrap();
-    (1..=max).filter_map(|id| api.job(id)).collect()
-}
-
 fn count_in_logs(root: &Path, prefix: &str, needle: &str) -> usize {
     std::fs::read_dir(root)
         .unwrap()
@@ -310,7 +297,7 @@ fn i1_mill_kill_loop_runs_no_job_twice_and_loses_none() {
         let (s, v) = mill.api.get("/v1/jobs?state=active&limit=1");
         (s == 200 && v["jobs"].as_array().is_some_and(|a| a.is_empty())).then_some(())
     });
-    let jobs = all_jobs(&mill.api);
+    let jobs = common::all_jobs(&mill.api);
     let markers = read_markers(&markers);
     let t = tally(&jobs, &accepted, &markers);
     let published = count_in_logs(root, "mill-", "RestartWithPublishedLeases");

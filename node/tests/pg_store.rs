@@ -36,7 +36,7 @@ fn pg_mill_runs_jobs_and_keeps_them_across_a_restart() {
         assert_eq!(v["state"], "success", "{v}");
     }
     assert!(
-        mill.proc.logs().contains("took the mill's leadership"),
+        mill.proc.logs().contains("leading the mill's store"),
         "{}",
         mill.proc.logs()
     );

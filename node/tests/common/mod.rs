@@ -92,6 +92,32 @@ impl Proc {
         }
     }
 
+    /// Waits (bounded by [`TIMEOUT`]) for the process to exit by itself; its exit status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let c = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit by itself; log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => c.try_wait().unwrap().is_some(),
+        }
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -232,6 +258,26 @@ impl Api {
             .header("Content-Type", "application/json")
             .send(body);
         match r {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            ),
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    /// A POST with extra headers: its status and body.
+    pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut req = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        match req.send(body) {
             Ok(mut r) => (
                 r.status().as_u16(),
                 serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default())
@@ -499,4 +545,17 @@ pub fn read_markers(dir: &Path) -> std::collections::BTreeMap<u64, Markers> {
         out.insert(job, m);
     }
     out
+}
+
+/// Every job the mill holds, through the API (one page, or job by job beyond a page).
+pub fn all_jobs(api: &Api) -> Vec<Value> {
+    let (s, v) = api.get("/v1/jobs?limit=1000");
+    assert_eq!(s, 200, "{v}");
+    let jobs = v["jobs"].as_array().unwrap().clone();
+    if jobs.len() < 1000 {
+        return jobs;
+    }
+    // Newest first: the first row has the highest id.
+    let max = jobs[0]["id"].as_u64().unwrap();
+    (1..=max).filter_map(|id| api.job(id)).collect()
 }

@@ -19,6 +19,7 @@ pub struct TestPg {
     bin: PathBuf,
     /// Its TCP port on 127.0.0.1.
     pub port: u16,
+    user: Option<nix::unistd::User>,
 }
 
 /// Where PostgreSQL's server binaries are: `pg_config --bindir`, else the newest
@@ -69,7 +70,8 @@ fn server_user() -> Option<nix::unistd::User> {
     nix::unistd::User::from_name("millrace-pg").ok().flatten()
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -122,30 +124,51 @@ impl TestPg {
             String::from_utf8_lossy(&out.stderr)
         );
         let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-        if let Some(u) = &user {
-            nix::unistd::chown(&dir.path().join("server.log"), Some(u.uid), Some(u.gid)).unwrap();
+        let mut pg = TestPg {
+            child: None,
+            dir,
+            bin,
+            port,
+            user,
+        };
+        pg.spawn_server();
+        pg.wait_ready();
+        Some(pg)
+    }
+
+    /// Starts the server process on the same data directory and port.
+    fn spawn_server(&mut self) {
+        let log_path = self.dir.path().join("server.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        if let Some(u) = &self.user {
+            nix::unistd::chown(&log_path, Some(u.uid), Some(u.gid)).unwrap();
         }
-        let child = command(&bin, "postgres", user.as_ref(), dir.path())
+        let (data, sock) = (self.dir.path().join("data"), self.dir.path().join("sock"));
+        let child = command(&self.bin, "postgres", self.user.as_ref(), self.dir.path())
             .arg("-D")
             .arg(&data)
             .arg("-k")
             .arg(&sock)
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=on"])
-            .args(["-p", &port.to_string()])
+            .args(["-p", &self.port.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        let pg = TestPg {
-            child: Some(child),
-            dir,
-            bin,
-            port,
-        };
-        pg.wait_ready();
-        Some(pg)
+        self.child = Some(child);
+    }
+
+    /// Stops the server (fast shutdown: clients are disconnected) and starts it again on
+    /// the same data and port; returns once it accepts connections.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn_server();
+        self.wait_ready();
     }
 
     fn wait_ready(&self) {
@@ -192,6 +215,12 @@ impl TestPg {
 
 impl Drop for TestPg {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl TestPg {
+    fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
