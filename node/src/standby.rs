@@ -122,7 +122,8 @@ pub struct Won {
 }
 
 impl Won {
-    /// Campaigns once; `Ok(None)` when another mill's lease is live.
+    /// Campaigns once on a new connection: the win, or (while another mill's lease is live)
+    /// the connection back with who leads.
     pub fn try_campaign(
         url: &PgUrl,
         who: &Candidate,
@@ -273,9 +274,8 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        // Without resign (a step-down or an error path): end the thread without resigning
-        // is not possible once it sleeps, so tell it to stop; it resigns only if it still
-        // holds the term, which is harmless.
+        // Dropped without `resign` (an error path): the thread, if still renewing, resigns;
+        // the resign is conditional on holder and term, so after a step-down it is a no-op.
         let _ = self.stop.send(());
     }
 }

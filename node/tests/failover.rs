@@ -236,17 +236,6 @@ impl Cluster {
     }
 }
 
-/// A job's command: markers around a short sleep. `: idx=N` names the submit.
-fn job_command(markers: &Path, idx: u64, sleep_ms: u64) -> String {
-    format!(
-        ": idx={idx}; {}; sleep {}.{:03}; {}",
-        common::marker_cmd(markers, idx, "start"),
-        sleep_ms / 1000,
-        sleep_ms % 1000,
-        common::marker_cmd(markers, idx, "end"),
-    )
-}
-
 /// Submits job `idx` until a mill acknowledges it; its id. Tries the mill that answered
 /// last first, then the other; gives up (None) once `stop` is set.
 fn submit_until_acked(
@@ -299,7 +288,8 @@ impl Submitter {
                 if s.load(Ordering::SeqCst) {
                     break;
                 }
-                let body = json!({ "command": job_command(&markers, idx, rng.range(50, 400)) });
+                let body =
+                    json!({ "command": common::marker_job(&markers, idx, rng.range(50, 400), 0) });
                 let key = format!("fo-{seed}-{idx}");
                 match submit_until_acked(&apis, &mut prefer, &body, &key, &s) {
                     Some(id) => {
@@ -395,7 +385,7 @@ fn check_once(c: &Cluster, n: usize, acked: &[(u64, u64)]) -> usize {
 /// Submits a probe job to leader `n` and waits until it runs; when it was first seen running.
 fn probe_runs(c: &Cluster, n: usize, key: &str) -> Instant {
     let api = c.api(n);
-    let body = json!({ "command": job_command(&c.markers, 0, 10) }).to_string();
+    let body = json!({ "command": common::marker_job(&c.markers, 0, 10, 0) }).to_string();
     let id = wait_for("the new leader to accept the probe", || {
         let (s, v) = api.post_with("/v1/jobs", &body, &[("Idempotency-Key", key)]);
         (s == 201 || s == 200).then(|| v["id"].as_u64()).flatten()

@@ -36,18 +36,6 @@ fn mill_flags(grace: &str, silence: &str) -> Vec<String> {
     f
 }
 
-/// A job's command: markers around a short sleep, then `exit <code>`. `: idx=N` names the
-/// submit attempt, so a job whose submit answer was lost in a kill is still recognised.
-fn job_command(markers: &Path, idx: u64, sleep_ms: u64, exit: i32) -> String {
-    format!(
-        ": idx={idx}; {}; sleep {}.{:03}; {}; exit {exit}",
-        common::marker_cmd(markers, idx, "start"),
-        sleep_ms / 1000,
-        sleep_ms % 1000,
-        common::marker_cmd(markers, idx, "end"),
-    )
-}
-
 fn idx_of(command: &str) -> Option<u64> {
     command
         .strip_prefix(": idx=")?
@@ -226,7 +214,7 @@ fn i1_mill_kill_loop_runs_no_job_twice_and_loses_none() {
                     api = Some(Api::new(&base, &token));
                 }
                 idx += 1;
-                let cmd = job_command(&markers, idx, rng.range(20, 150), exit_of(idx));
+                let cmd = common::marker_job(&markers, idx, rng.range(20, 150), exit_of(idx));
                 match api.as_ref().unwrap().try_submit(&json!({ "command": cmd })) {
                     Some(id) => {
                         accepted.push((idx, id));

@@ -520,6 +520,18 @@ pub fn marker_cmd(dir: &Path, idx: u64, kind: &str) -> String {
     )
 }
 
+/// A job's command: markers around a short sleep, then `exit <code>`. `: idx=N` names the
+/// submit attempt, so a job whose submit answer was lost in a kill is still recognised.
+pub fn marker_job(markers: &Path, idx: u64, sleep_ms: u64, exit: i32) -> String {
+    format!(
+        ": idx={idx}; {}; sleep {}.{:03}; {}; exit {exit}",
+        marker_cmd(markers, idx, "start"),
+        sleep_ms / 1000,
+        sleep_ms % 1000,
+        marker_cmd(markers, idx, "end"),
+    )
+}
+
 /// Every marker file under `dir`, by job id.
 pub fn read_markers(dir: &Path) -> std::collections::BTreeMap<u64, Markers> {
     let mut out = std::collections::BTreeMap::new();
