@@ -58,6 +58,8 @@ pub struct Api {
     pub preauth: Arc<crate::preauth::Preauth>,
     /// The term this mill leads under (E13, DESIGN §10), shown by `/health`.
     pub term: u64,
+    /// Web UI sessions, whose cookie `auth` takes in place of the token (issue 18).
+    pub ui: Arc<crate::ui::Sessions>,
 }
 
 /// A JSON error answer.
@@ -306,6 +308,7 @@ pub fn router(api: Api, limits: &HttpLimits) -> Router {
             limits.body_timeout,
         ))
         .layer(middleware::from_fn(json_errors))
+        .merge(crate::ui::routes(limits))
         .with_state(api)
 }
 
@@ -320,9 +323,23 @@ async fn auth(State(api): State<Api>, req: Request, next: Next) -> Response {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !constant_time_eq(given.as_bytes(), api.token.as_bytes()) {
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // A bearer header is judged alone; without one, a web UI session cookie may stand in.
+    let admitted = match given {
+        Some(given) => constant_time_eq(given.as_bytes(), api.token.as_bytes()),
+        None => match api.ui.admit(req.method(), req.headers()) {
+            crate::ui::CookieAuth::Admitted => true,
+            crate::ui::CookieAuth::NoCsrfHeader => {
+                return ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "a request with the web UI's session cookie that changes state needs the header X-Millrace-UI: 1",
+                )
+                .into_response()
+            }
+            crate::ui::CookieAuth::Missing => false,
+        },
+    };
+    if !admitted {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token (Authorization: Bearer <token>)",
@@ -1334,6 +1351,7 @@ mod tests {
             capacity: 4,
             leases: 0,
             running: 0,
+            grace_until_ms: None,
         };
         let nodes = [node("a", "ready"), node("q", "quarantined")];
         let pin = |n: &str| NodeId::new(n).unwrap();

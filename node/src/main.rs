@@ -35,6 +35,7 @@ mod syncs;
 #[path = "../tests/common/pg.rs"]
 mod test_pg;
 mod tls;
+mod ui;
 
 use std::process::ExitCode;
 

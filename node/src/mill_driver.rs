@@ -185,6 +185,10 @@ pub struct NodeView {
     pub leases: usize,
     /// Leases running on it.
     pub running: usize,
+    /// While in grace (M5, M6): when its grace runs out and its leases fail (ms since the
+    /// Unix epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_until_ms: Option<u64>,
 }
 
 /// Placement statistics.
@@ -854,6 +858,7 @@ impl Driver {
                     capacity: v.capacity,
                     leases: n,
                     running,
+                    grace_until_ms: v.grace_deadline.map(|t| t.as_micros() / 1000),
                 }
             })
             .collect();
@@ -868,6 +873,7 @@ impl Driver {
                 capacity: 0,
                 leases: n,
                 running,
+                grace_until_ms: None,
             });
         }
         out

@@ -544,6 +544,7 @@ async fn start_leading(
         max_job_timeout: opts.tuning.max_job_timeout,
         preauth,
         term: config_term,
+        ui: Arc::new(crate::ui::Sessions::new(tls.is_some())),
     };
     let limits = http::HttpLimits {
         header_timeout: opts.tuning.http_header_timeout,

@@ -9,24 +9,12 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{start_executor, strings, timing, wait_for, Mill, Proc, BIN};
+use common::{wait_for, Mill, Proc, BIN};
 use rusqlite::{params, Connection, OpenFlags};
 use serde_json::json;
 
 fn start(root: &Path, extra: &[&str]) -> (Mill, Proc) {
-    let mut args = strings(extra);
-    args.extend(timing("5s", "2s"));
-    let mill = common::start_mill(root, "127.0.0.1:0", &args, "info", 0);
-    let exec = start_executor(
-        root,
-        &mill.addrs.executor,
-        "x1",
-        4,
-        &mill.data.join("token"),
-        &timing("5s", "2s"),
-    );
-    wait_for("x1 ready", || mill.api.ready("x1").then_some(()));
-    (mill, exec)
+    common::start_mill_and_x1(root, extra, 0, 4)
 }
 
 /// The mill's store, read-only, beside the running mill (WAL lets readers in).

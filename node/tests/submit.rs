@@ -9,24 +9,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{cli, start_executor, start_mill, strings, timing, wait_for, Mill, Proc};
+use common::{cli, start_mill, timing, wait_for, Mill, Proc};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 
 fn start(root: &Path, extra: &[&str], n: usize) -> (Mill, Proc) {
-    let mut args = strings(extra);
-    args.extend(timing("5s", "2s"));
-    let mill = start_mill(root, "127.0.0.1:0", &args, "info", n);
-    let exec = start_executor(
-        root,
-        &mill.addrs.executor,
-        "x1",
-        4,
-        &mill.data.join("token"),
-        &timing("5s", "2s"),
-    );
-    wait_for("x1 ready", || mill.api.ready("x1").then_some(()));
-    (mill, exec)
+    common::start_mill_and_x1(root, extra, n, 4)
 }
 
 /// POST `path` with an `Idempotency-Key` header.

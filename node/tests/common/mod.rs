@@ -466,6 +466,24 @@ pub fn start_ready_executor(
     p
 }
 
+/// A mill (`extra` flags, grace 5 s, silence 2 s) and one executor `x1` with `seats`
+/// seats, ready.
+pub fn start_mill_and_x1(root: &Path, extra: &[&str], n: usize, seats: u32) -> (Mill, Proc) {
+    let mut args = strings(extra);
+    args.extend(timing("5s", "2s"));
+    let mill = start_mill(root, "127.0.0.1:0", &args, "info", n);
+    let exec = start_executor(
+        root,
+        &mill.addrs.executor,
+        "x1",
+        seats,
+        &mill.data.join("token"),
+        &timing("5s", "2s"),
+    );
+    wait_for("x1 ready", || mill.api.ready("x1").then_some(()));
+    (mill, exec)
+}
+
 /// `<root>/<stem>-<i>.log` for the first `i` not yet taken, so a restarted process does not
 /// overwrite the log of the one before it.
 pub fn fresh_log(root: &Path, stem: &str) -> PathBuf {
