@@ -30,12 +30,11 @@ pub fn fleet_index(n: usize) -> RankIndex {
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use millrace_core::job::{Identity, JobSpec, TerminalStatus};
+use millrace_core::job::JobSpec;
 use millrace_core::mill::{Mill, MillConfig, MillInput, MillOutput};
-use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Resources, Seqno, Time};
-use millrace_core::wire::{
-    EndCause, EngineStatus, Event, EventKind, ToExecutor, ToMill, PROTOCOL_VERSION,
-};
+use millrace_core::testkit;
+use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Seqno, Time};
+use millrace_core::wire::{ToExecutor, ToMill};
 
 /// A mill with `n` connected, reconciled executors, each offering `shell` with many seats,
 /// driven in-process through the public API only. Executors answer at once.
@@ -50,21 +49,7 @@ pub struct Fleet {
 
 /// The job every fleet benchmark places.
 pub fn job_spec() -> JobSpec {
-    JobSpec {
-        retry: Default::default(),
-        priority: 0,
-        node: None,
-        engine: "shell".into(),
-        labels: BTreeSet::new(),
-        resources: Resources::new(),
-        identity: Identity {
-            owner: "acme".into(),
-            repo: "acme/app".into(),
-        },
-        timeout: None,
-        payload: b"true".to_vec(),
-        env: Default::default(),
-    }
+    testkit::shell_job("acme", "true")
 }
 
 fn must<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
@@ -106,35 +91,11 @@ impl Fleet {
             f.input(MillInput::Connected { conn });
             f.msg(
                 conn,
-                ToMill::Hello {
-                    term: millrace_core::types::Term(0),
-                    stop_grace_ms: 10_000,
-                    protocol_version: PROTOCOL_VERSION,
-                    node_id: format!("exec-{i:05}"),
-                    epoch: Epoch(1),
-                    token: String::new(),
-                    labels: Vec::new(),
-                    engines: vec!["shell".into()],
-                },
+                millrace_core::testkit::Hello::new(format!("exec-{i:05}"), Epoch(1)).build(),
             );
             let load = ((i * 7919) % 1000) as f64 / 1000.0;
-            let engines = BTreeMap::from([(
-                "shell".to_string(),
-                EngineStatus {
-                    available: true,
-                    capacity: seats,
-                    load: BTreeMap::from([("cpu".to_string(), load)]),
-                },
-            )]);
-            f.msg(
-                conn,
-                ToMill::Snapshot {
-                    seqno: 1,
-                    engines,
-                    active_leases: Vec::new(),
-                    outbox_high: Seqno(0),
-                },
-            );
+            let engines = testkit::engine("shell", true, seats, "cpu", load);
+            f.msg(conn, testkit::snapshot(1, engines, Vec::new(), Seqno(0)));
         }
         f
     }
@@ -174,14 +135,8 @@ impl Fleet {
 
     /// Accepts `lease` on `conn` and answers its commit: the job runs.
     pub fn run_ask(&mut self, conn: ConnId, lease: LeaseId) {
-        self.msg(conn, accept(lease));
-        self.msg(
-            conn,
-            ToMill::CommitResult {
-                lease,
-                committed: true,
-            },
-        );
+        self.msg(conn, testkit::accept(lease, testkit::one_seat()));
+        self.msg(conn, testkit::commit_result(lease, true));
     }
 
     /// Drops the last step's outputs and collects this step's.
@@ -241,7 +196,7 @@ impl Fleet {
             _ => None,
         });
         for (conn, lease) in asks {
-            self.msg(conn, accept(lease));
+            self.msg(conn, testkit::accept(lease, testkit::one_seat()));
             for (c, m) in self.sends() {
                 if let ToExecutor::CommitLease { lease, .. } = m {
                     commit = Some((c, lease));
@@ -251,13 +206,7 @@ impl Fleet {
         let Some((conn, lease)) = commit else {
             panic!("no commit after every ask accepted");
         };
-        self.msg(
-            conn,
-            ToMill::CommitResult {
-                lease,
-                committed: true,
-            },
-        );
+        self.msg(conn, testkit::commit_result(lease, true));
         (conn, lease)
     }
 
@@ -291,46 +240,14 @@ impl Fleet {
             .iter()
             .map(|lease| {
                 *next += 1;
-                success(Seqno(*next), *lease)
+                testkit::success(Seqno(*next), *lease)
             })
             .collect();
-        self.msg(
-            conn,
-            ToMill::EventBatch {
-                epoch: Epoch(1),
-                events,
-            },
-        );
+        self.msg(conn, testkit::batch(Epoch(1), events));
     }
 
     /// Moves the clock (no deadlines are due in these benches' windows).
     pub fn advance(&mut self, d: Duration) {
         self.now = self.now.plus(d);
-    }
-}
-
-/// The executor's acceptance of `lease`, charging one `jobs` unit (M14).
-pub fn accept(lease: LeaseId) -> ToMill {
-    ToMill::ReserveResult {
-        lease,
-        accepted: true,
-        reject: None,
-        reason: String::new(),
-        resources: Resources::from([("jobs".to_string(), 1)]),
-    }
-}
-
-/// A successful terminal event `seqno` for `lease`.
-pub fn success(seqno: Seqno, lease: LeaseId) -> Event {
-    Event {
-        seqno,
-        lease,
-        kind: EventKind::Terminal {
-            status: TerminalStatus::Success,
-            exit_code: Some(0),
-            error: None,
-            log: None,
-            cause: EndCause::Engine,
-        },
     }
 }

@@ -21,6 +21,8 @@ pub mod executor;
 pub mod job;
 pub mod mill;
 pub mod quota;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod timers;
 pub mod types;
 pub mod wire;

@@ -197,6 +197,30 @@ pub enum ToMill {
     },
 }
 
+impl ToMill {
+    /// An executor's acceptance of the ask `lease`, charging `resources` (E2, M14).
+    pub fn accepted(lease: LeaseId, resources: Resources) -> Self {
+        ToMill::ReserveResult {
+            lease,
+            accepted: true,
+            reject: None,
+            reason: String::new(),
+            resources,
+        }
+    }
+
+    /// An executor's refusal of the ask `lease` (E2); `reason` must already be bounded.
+    pub fn rejected(lease: LeaseId, kind: RejectKind, reason: String) -> Self {
+        ToMill::ReserveResult {
+            lease,
+            accepted: false,
+            reject: Some(kind),
+            reason,
+            resources: Resources::new(),
+        }
+    }
+}
+
 /// The timers both ends of a session must agree on. The mill sends its own in `Welcome` and
 /// the executor runs on them from then on: an executor that self-fenced later than the mill
 /// fails its leases (E12 against M5) could run a job the mill has already placed elsewhere.

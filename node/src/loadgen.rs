@@ -2,16 +2,14 @@
 //! frames (accept every seat they have room for, finish each job at once), and the
 //! submit→committed latency bench on loopback.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use millrace_core::codec::{encode, FrameDecoder};
-use millrace_core::job::TerminalStatus;
-use millrace_core::wire::{
-    EndCause, EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill, PROTOCOL_VERSION,
-};
-use millrace_core::{Epoch, JobId, LeaseId, Resources, Seqno};
+use millrace_core::testkit::ScriptedExecutor;
+use millrace_core::wire::{ToExecutor, ToMill};
+use millrace_core::{Epoch, JobId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -21,7 +19,9 @@ use crate::clock::Clock;
 use crate::mill_driver::JobEventKind;
 use crate::node::{self, MillOptions};
 
-/// One fake executor session; runs until `stop` or the connection ends.
+/// One fake executor session; runs until `stop` or the connection ends. The protocol is the
+/// core's [`ScriptedExecutor`] (accept while a seat is free, finish each job at once); this
+/// only moves its frames.
 pub async fn fake_executor(
     addr: String,
     node: String,
@@ -32,54 +32,17 @@ pub async fn fake_executor(
 ) -> std::io::Result<()> {
     let mut stream = TcpStream::connect(&addr).await?;
     stream.set_nodelay(true)?;
-    let epoch = Epoch(crate::sqlite::random_u64()?);
-    let hello = ToMill::Hello {
-        term: millrace_core::types::Term(0),
-        stop_grace_ms: 10_000,
-        protocol_version: PROTOCOL_VERSION,
-        node_id: node,
-        epoch,
-        token,
-        labels: Vec::new(),
-        engines: vec!["shell".into()],
-    };
+    let mut script = ScriptedExecutor::new(node, Epoch(crate::sqlite::random_u64()?), seats);
     let frame = |m: &ToMill| encode(m).map_err(|e| std::io::Error::other(e.to_string()));
-    stream.write_all(&frame(&hello)?).await?;
+    stream.write_all(&frame(&script.hello(&token))?).await?;
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; 16 * 1024];
-    let mut reserved: BTreeSet<LeaseId> = BTreeSet::new();
-    let mut next_seqno = Seqno(1);
-    let mut snap_seqno = 0u64;
-    let mut welcomed = false;
     let mut tick = tokio::time::interval(snapshot_interval);
-    let snapshot = |seqno: u64, reserved: &BTreeSet<LeaseId>| {
-        let used = u32::try_from(reserved.len()).unwrap_or(u32::MAX);
-        let load = f64::from(used) / f64::from(seats.max(1));
-        ToMill::Snapshot {
-            seqno,
-            engines: BTreeMap::from([(
-                "shell".to_string(),
-                EngineStatus {
-                    available: used < seats,
-                    capacity: seats,
-                    load: BTreeMap::from([("seats".to_string(), load.min(1.0))]),
-                },
-            )]),
-            active_leases: reserved.iter().copied().collect(),
-            // Its events are acked as they go; a low mark only lets the mill judge at once.
-            outbox_high: Seqno(0),
-        }
-    };
+    let mut replies: Vec<ToMill> = Vec::new();
     loop {
-        let mut out: Vec<u8> = Vec::new();
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return Ok(()),
-            _ = tick.tick() => {
-                if welcomed {
-                    snap_seqno += 1;
-                    out.extend(frame(&snapshot(snap_seqno, &reserved))?);
-                }
-            }
+            _ = tick.tick() => replies.extend(script.snapshot()),
             n = stream.read(&mut buf) => {
                 let n = n?;
                 if n == 0 {
@@ -90,66 +53,17 @@ pub async fn fake_executor(
                     .next_frame::<ToExecutor>()
                     .map_err(|e| std::io::Error::other(e.to_string()))?
                 {
-                    match msg {
-                        ToExecutor::Welcome { cursor, .. } => {
-                            welcomed = true;
-                            next_seqno = cursor.next();
-                            snap_seqno += 1;
-                            out.extend(frame(&snapshot(snap_seqno, &reserved))?);
-                        }
-                        ToExecutor::Refused { leader: _,  reason } => {
-                            return Err(std::io::Error::other(format!("refused: {reason}")));
-                        }
-                        ToExecutor::ReserveSeat { lease, .. } => {
-                            let fits = u32::try_from(reserved.len()).unwrap_or(u32::MAX) < seats;
-                            if fits {
-                                reserved.insert(lease);
-                            }
-                            out.extend(frame(&ToMill::ReserveResult {
-                                lease,
-                                accepted: fits,
-                                reject: (!fits).then_some(RejectKind::Transient),
-                                reason: if fits { String::new() } else { "busy".into() },
-                                resources: if fits {
-                                    Resources::from([("jobs".to_string(), 1)])
-                                } else {
-                                    Resources::new()
-                                },
-                            })?);
-                        }
-                        ToExecutor::CommitLease { lease, .. } => {
-                            let known = reserved.remove(&lease);
-                            out.extend(frame(&ToMill::CommitResult { lease, committed: known })?);
-                            if known {
-                                let running = Event { seqno: next_seqno, lease, kind: EventKind::Running };
-                                let done = Event {
-                                    seqno: next_seqno.next(),
-                                    lease,
-                                    kind: EventKind::Terminal {
-                                        status: TerminalStatus::Success,
-                                        exit_code: Some(0),
-                                        error: None,
-                                        log: None,
-                                        cause: EndCause::Engine,
-                                    },
-                                };
-                                next_seqno = done.seqno.next();
-                                out.extend(frame(&ToMill::EventBatch { epoch, events: vec![running, done] })?);
-                            }
-                        }
-                        ToExecutor::ReleaseLease { term: _,  lease } => {
-                            reserved.remove(&lease);
-                        }
-                        ToExecutor::CancelAttempt { lease, .. } => {
-                            reserved.remove(&lease);
-                            out.extend(frame(&ToMill::CancelAck { lease })?);
-                        }
-                        ToExecutor::Ack { .. } => {}
-                    }
+                    script
+                        .handle(msg, &mut replies)
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
                 }
             }
         }
-        if !out.is_empty() {
+        if !replies.is_empty() {
+            let mut out: Vec<u8> = Vec::new();
+            for m in replies.drain(..) {
+                out.extend(frame(&m)?);
+            }
             stream.write_all(&out).await?;
         }
     }

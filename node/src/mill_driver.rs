@@ -1110,7 +1110,6 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use millrace_core::mill::MillConfig;
-    use millrace_core::wire::{ToMill, PROTOCOL_VERSION};
     use millrace_core::{Epoch, Identity, Resources};
 
     use super::*;
@@ -1167,16 +1166,7 @@ mod tests {
     fn hello(conn: ConnId) -> MillCmd {
         MillCmd::Net(MillInput::Message {
             conn,
-            msg: ToMill::Hello {
-                term: millrace_core::types::Term(0),
-                stop_grace_ms: 10_000,
-                protocol_version: PROTOCOL_VERSION,
-                node_id: "x1".into(),
-                epoch: Epoch(7),
-                token: String::new(),
-                labels: Vec::new(),
-                engines: vec!["shell".into()],
-            },
+            msg: millrace_core::testkit::Hello::new("x1", Epoch(7)).build(),
         })
     }
 

@@ -459,16 +459,10 @@ mod tests {
     }
 
     fn hello(node: &str, token: &str) -> ToMill {
-        ToMill::Hello {
-            term: millrace_core::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: millrace_core::wire::PROTOCOL_VERSION,
-            node_id: node.into(),
-            epoch: millrace_core::Epoch(1),
-            token: token.into(),
-            labels: Vec::new(),
-            engines: Vec::new(),
-        }
+        millrace_core::testkit::Hello::new(node, millrace_core::Epoch(1))
+            .token(token)
+            .no_engines()
+            .build()
     }
 
     /// Issue 11 item 4: with mutual TLS the token is not enough; the certificate must name

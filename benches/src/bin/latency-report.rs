@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use millrace_core::mill::{MillInput, MillOutput, Observation};
+use millrace_core::testkit;
 use millrace_core::types::{ConnId, Epoch, JobId, LeaseId, Seqno};
 use millrace_core::wire::{ToExecutor, ToMill};
 
@@ -163,10 +164,7 @@ fn core_in_process(
             *seq += 1;
             queue.push_back(In::Msg(
                 conn,
-                ToMill::EventBatch {
-                    epoch: Epoch(1),
-                    events: vec![benches::success(Seqno(*seq), lease)],
-                },
+                testkit::batch(Epoch(1), vec![testkit::success(Seqno(*seq), lease)]),
             ));
         }
         let mill_now = base.plus(now);
@@ -201,16 +199,10 @@ fn core_in_process(
                         if let Some(k) = job_of.get(&job) {
                             lease_job.insert(lease, *k);
                         }
-                        queue.push_back(In::Msg(conn, benches::accept(lease)));
+                        queue.push_back(In::Msg(conn, testkit::accept(lease, testkit::one_seat())));
                     }
                     ToExecutor::CommitLease { lease, .. } => {
-                        queue.push_back(In::Msg(
-                            conn,
-                            ToMill::CommitResult {
-                                lease,
-                                committed: true,
-                            },
-                        ));
+                        queue.push_back(In::Msg(conn, testkit::commit_result(lease, true)));
                         let d = lease_job
                             .get(&lease)
                             .map_or(Duration::ZERO, |k| durations[*k]);

@@ -16,23 +16,11 @@ use super::seats::{admit, Refusal, Reservation, RunningJob, StopReason};
 use super::{Executor, ExecutorOutput, ExecutorWrite, StoredJob};
 
 fn accepted(lease: LeaseId, resources: Resources) -> ToMill {
-    ToMill::ReserveResult {
-        lease,
-        accepted: true,
-        reject: None,
-        reason: String::new(),
-        resources,
-    }
+    ToMill::accepted(lease, resources)
 }
 
 fn rejected(lease: LeaseId, kind: RejectKind, reason: String) -> ToMill {
-    ToMill::ReserveResult {
-        lease,
-        accepted: false,
-        reject: Some(kind),
-        reason: bounded_error(reason),
-        resources: Resources::new(),
-    }
+    ToMill::rejected(lease, kind, bounded_error(reason))
 }
 
 impl Executor {

@@ -146,13 +146,7 @@ fn m35_a_refused_direct_ask_ends_its_lease_released_without_spending_a_retry_and
         h.sent(a).is_empty(),
         "nothing decided before the commit's answer"
     );
-    h.msg(
-        a,
-        ToMill::CommitResult {
-            lease,
-            committed: false,
-        },
-    );
+    h.msg(a, crate::testkit::commit_result(lease, false));
     // Released: nothing ran, no retry spent, and the job is bid for (M12), never direct
     // again.
     let attempts: Vec<_> = h
@@ -194,13 +188,7 @@ fn m35_an_incompatible_direct_refusal_keeps_the_job_off_that_node_while_another_
     h.submit(spec());
     let lease = kinds(&h, a)[0].1;
     h.reject(a, lease, RejectKind::Incompatible, "missing labels: gpu");
-    h.msg(
-        a,
-        ToMill::CommitResult {
-            lease,
-            committed: false,
-        },
-    );
+    h.msg(a, crate::testkit::commit_result(lease, false));
     assert!(h.asks(a).is_empty(), "a said never: not asked again (M13)");
     assert_eq!(h.asks(b).len(), 1);
 }

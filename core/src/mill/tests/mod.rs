@@ -17,8 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::job::{Identity, JobSpec, TerminalStatus};
-use crate::wire::{EngineStatus, Event, EventKind, RejectKind, ToExecutor, ToMill};
+use crate::job::{JobSpec, TerminalStatus};
+use crate::testkit;
+use crate::wire::{EngineStatus, EventKind, RejectKind, ToExecutor, ToMill};
 
 pub(super) const SEC: Duration = Duration::from_secs(1);
 
@@ -55,21 +56,7 @@ pub(super) fn welcome(cursor: u64) -> ToExecutor {
 }
 
 pub(super) fn spec() -> JobSpec {
-    JobSpec {
-        retry: Default::default(),
-        priority: 0,
-        node: None,
-        engine: "shell".into(),
-        labels: BTreeSet::new(),
-        resources: Resources::new(),
-        identity: Identity {
-            owner: "acme".into(),
-            repo: "acme/app".into(),
-        },
-        timeout: None,
-        payload: b"echo hi".to_vec(),
-        env: Default::default(),
-    }
+    testkit::shell_job("acme", "echo hi")
 }
 
 pub(super) fn node(s: &str) -> NodeId {
@@ -81,30 +68,11 @@ pub(super) fn charge(pairs: &[(&str, u64)]) -> Resources {
 }
 
 pub(super) fn engines(available: bool, load: f64) -> BTreeMap<String, EngineStatus> {
-    let mut m = BTreeMap::new();
-    m.insert(
-        "shell".to_string(),
-        EngineStatus {
-            available,
-            capacity: 4,
-            load: [("seats".to_string(), load)].into_iter().collect(),
-        },
-    );
-    m
+    testkit::engine("shell", available, 4, "seats", load)
 }
 
 pub(super) fn terminal(status: TerminalStatus) -> EventKind {
-    EventKind::Terminal {
-        status,
-        exit_code: Some(if status == TerminalStatus::Success {
-            0
-        } else {
-            1
-        }),
-        error: None,
-        log: None,
-        cause: crate::wire::EndCause::Engine,
-    }
+    testkit::terminal(status)
 }
 
 impl H {
@@ -251,19 +219,11 @@ impl H {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         self.input(MillInput::Connected { conn }).unwrap();
-        self.msg(
-            conn,
-            ToMill::Hello {
-                term: crate::types::Term(0),
-                stop_grace_ms: 10_000,
-                protocol_version: crate::wire::PROTOCOL_VERSION,
-                node_id: name.into(),
-                epoch: Epoch(epoch),
-                token: "secret".into(),
-                labels: labels.iter().map(|s| s.to_string()).collect(),
-                engines: vec!["shell".into()],
-            },
-        );
+        let hello = testkit::Hello::new(name, Epoch(epoch))
+            .token("secret")
+            .labels(labels)
+            .build();
+        self.msg(conn, hello);
         conn
     }
 
@@ -291,15 +251,8 @@ impl H {
         let seq = self.snap_seq.entry(conn).or_insert(0);
         *seq += 1;
         let seqno = *seq;
-        self.msg(
-            conn,
-            ToMill::Snapshot {
-                seqno,
-                engines,
-                active_leases: active.to_vec(),
-                outbox_high: Seqno(outbox_high),
-            },
-        );
+        let snapshot = testkit::snapshot(seqno, engines, active.to_vec(), Seqno(outbox_high));
+        self.msg(conn, snapshot);
     }
 
     /// A connected, reconciled executor with no leases.
@@ -448,57 +401,23 @@ impl H {
     }
 
     pub fn accept(&mut self, conn: ConnId, lease: LeaseId, resources: Resources) {
-        self.msg(
-            conn,
-            ToMill::ReserveResult {
-                lease,
-                accepted: true,
-                reject: None,
-                reason: String::new(),
-                resources,
-            },
-        );
+        self.msg(conn, testkit::accept(lease, resources));
     }
 
     pub fn reject(&mut self, conn: ConnId, lease: LeaseId, kind: RejectKind, why: &str) {
-        self.msg(
-            conn,
-            ToMill::ReserveResult {
-                lease,
-                accepted: false,
-                reject: Some(kind),
-                reason: why.into(),
-                resources: Resources::new(),
-            },
-        );
+        self.msg(conn, testkit::reject(lease, kind, why));
     }
 
     pub fn committed(&mut self, conn: ConnId, lease: LeaseId) {
-        self.msg(
-            conn,
-            ToMill::CommitResult {
-                lease,
-                committed: true,
-            },
-        );
+        self.msg(conn, testkit::commit_result(lease, true));
     }
 
     pub fn events(&mut self, conn: ConnId, epoch: u64, events: Vec<(u64, LeaseId, EventKind)>) {
         let events = events
             .into_iter()
-            .map(|(seqno, lease, kind)| Event {
-                seqno: Seqno(seqno),
-                lease,
-                kind,
-            })
+            .map(|(seqno, lease, kind)| testkit::event(Seqno(seqno), lease, kind))
             .collect();
-        self.msg(
-            conn,
-            ToMill::EventBatch {
-                epoch: Epoch(epoch),
-                events,
-            },
-        );
+        self.msg(conn, testkit::batch(Epoch(epoch), events));
     }
 
     /// Submits a job and runs it to `Running` on the single ready executor `conn`.

@@ -574,13 +574,7 @@ fn m17_not_committed_means_nothing_runs_and_the_job_is_placed_again() {
     let job = h.submit(spec());
     let la = h.asks(a)[0];
     h.accept(a, la, charge(&[("jobs", 1)]));
-    h.msg(
-        a,
-        ToMill::CommitResult {
-            lease: la,
-            committed: false,
-        },
-    );
+    h.msg(a, crate::testkit::commit_result(la, false));
     assert!(h.writes().contains(&MillWrite::LeaseDelete { lease: la }));
     assert!(h.updates().contains(&(job, JobState::Queued)));
     assert_eq!(h.asks(a).len(), 1);

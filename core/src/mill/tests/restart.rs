@@ -45,13 +45,7 @@ fn m29_restart_keeps_running_and_published_leases_unclaimed() {
         "the commit is re-sent on the claim"
     );
     assert!(h.asks(a2).is_empty(), "no job was re-queued: {:?}", h.out);
-    h.msg(
-        a2,
-        ToMill::CommitResult {
-            lease: l2,
-            committed: true,
-        },
-    );
+    h.msg(a2, crate::testkit::commit_result(l2, true));
     assert!(
         matches!(h.mill.job_state(reserved), Some(JobState::Running { lease: l, .. }) if l == l2)
     );

@@ -177,16 +177,10 @@ fn m32_hello_with_a_stop_grace_above_the_retry_fence_is_refused() {
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: crate::types::Term(0),
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: "slow".into(),
-            epoch: Epoch(1),
-            token: "secret".into(),
-            labels: vec![],
-            engines: vec!["shell".into()],
-            stop_grace_ms: 31_000,
-        },
+        crate::testkit::Hello::new("slow", Epoch(1))
+            .token("secret")
+            .stop_grace_ms(31_000)
+            .build(),
     );
     let why = h.refused(conn).expect("refused");
     assert!(why.contains("retry fence"), "{why}");

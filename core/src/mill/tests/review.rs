@@ -18,16 +18,10 @@ fn ready_with(h: &mut H, name: &str, engine: &str, capacity: u32) -> ConnId {
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: crate::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: name.into(),
-            epoch: Epoch(1),
-            token: "secret".into(),
-            labels: Vec::new(),
-            engines: vec![engine.into()],
-        },
+        crate::testkit::Hello::new(name, Epoch(1))
+            .token("secret")
+            .engines(&[engine])
+            .build(),
     );
     h.snapshot_with(conn, one_engine(engine, true, capacity), &[]);
     conn
@@ -512,16 +506,11 @@ impl Chaos {
         f.snap = 0;
         f.engines = engines.clone();
         self.owner.insert(conn, i);
-        let msg = ToMill::Hello {
-            term: crate::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: f.name.clone(),
-            epoch: Epoch(f.epoch),
-            token: "secret".into(),
-            labels,
-            engines,
-        };
+        let msg = crate::testkit::Hello::new(f.name.clone(), Epoch(f.epoch))
+            .token("secret")
+            .labels(&labels)
+            .engines(&engines)
+            .build();
         self.h.msg(conn, msg);
     }
 
@@ -571,12 +560,7 @@ impl Chaos {
             if self.rng.chance(2) {
                 active.push(LeaseId(1 + self.rng.below(60)));
             }
-            ToMill::Snapshot {
-                seqno: self.fakes[i].snap,
-                engines,
-                active_leases: active,
-                outbox_high: Seqno(0),
-            }
+            crate::testkit::snapshot(self.fakes[i].snap, engines, active, Seqno(0))
         } else if roll < 50 {
             let lease = if self.rng.chance(90) {
                 self.rng.pick(&self.fakes[i].asks)
@@ -606,10 +590,7 @@ impl Chaos {
             let Some(lease) = self.rng.pick(&self.fakes[i].commits) else {
                 return;
             };
-            ToMill::CommitResult {
-                lease,
-                committed: self.rng.chance(85),
-            }
+            crate::testkit::commit_result(lease, self.rng.chance(85))
         } else if roll < 82 {
             let f = &self.fakes[i];
             let cursor = self.h.mill.cursor(&node(&f.name), Epoch(f.epoch)).get();
@@ -655,18 +636,14 @@ impl Chaos {
                         cause: crate::wire::EndCause::Engine,
                     }
                 };
-                events.push(Event {
-                    seqno: Seqno(start + k),
-                    lease,
-                    kind,
-                });
+                events.push(crate::testkit::event(Seqno(start + k), lease, kind));
             }
             let epoch = if self.rng.chance(3) {
                 Epoch(self.fakes[i].epoch + 1)
             } else {
                 Epoch(self.fakes[i].epoch)
             };
-            ToMill::EventBatch { epoch, events }
+            crate::testkit::batch(epoch, events)
         } else if roll < 92 {
             let Some(lease) = self.rng.pick(&self.fakes[i].cancels) else {
                 return;
@@ -682,16 +659,9 @@ impl Chaos {
                 bytes: vec![b'x'; 8],
             }
         } else if roll < 95 {
-            ToMill::Hello {
-                term: crate::types::Term(0),
-                stop_grace_ms: 10_000,
-                protocol_version: crate::wire::PROTOCOL_VERSION,
-                node_id: self.fakes[i].name.clone(),
-                epoch: Epoch(self.fakes[i].epoch),
-                token: "secret".into(),
-                labels: Vec::new(),
-                engines: vec!["shell".into()],
-            }
+            crate::testkit::Hello::new(self.fakes[i].name.clone(), Epoch(self.fakes[i].epoch))
+                .token("secret")
+                .build()
         } else {
             self.owner.remove(&conn);
             self.fakes[i].conn = None;
@@ -719,12 +689,12 @@ impl Chaos {
                     (e.clone(), status)
                 })
                 .collect();
-            return Some(ToMill::Snapshot {
-                seqno: f.snap,
+            return Some(crate::testkit::snapshot(
+                f.snap,
                 engines,
-                active_leases: f.holds.clone(),
-                outbox_high: Seqno(0),
-            });
+                f.holds.clone(),
+                Seqno(0),
+            ));
         }
         if let Some(msg) = f.todo.pop_front() {
             return Some(match msg {
@@ -750,7 +720,7 @@ impl Chaos {
                     if committed && !f.running.contains(&lease) {
                         f.running.push(lease);
                     }
-                    ToMill::CommitResult { lease, committed }
+                    crate::testkit::commit_result(lease, committed)
                 }
                 ToExecutor::ReleaseLease { term: _, lease } => {
                     if !f.running.contains(&lease) {
@@ -780,14 +750,8 @@ impl Chaos {
                 TerminalStatus::Failed
             })
         };
-        Some(ToMill::EventBatch {
-            epoch: Epoch(f.epoch),
-            events: vec![Event {
-                seqno: Seqno(cursor + 1),
-                lease,
-                kind,
-            }],
-        })
+        let event = crate::testkit::event(Seqno(cursor + 1), lease, kind);
+        Some(crate::testkit::batch(Epoch(f.epoch), vec![event]))
     }
 
     fn step(&mut self) {

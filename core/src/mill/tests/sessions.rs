@@ -22,16 +22,11 @@ fn m1_unsupported_version_is_refused() {
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: crate::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: 999,
-            node_id: "a".into(),
-            epoch: Epoch(1),
-            token: "secret".into(),
-            labels: vec![],
-            engines: vec![],
-        },
+        crate::testkit::Hello::new("a", Epoch(1))
+            .token("secret")
+            .no_engines()
+            .protocol_version(999)
+            .build(),
     );
     assert!(h.refused(conn).unwrap().contains("version 999"));
     assert!(h.closed(conn).is_some());
@@ -56,16 +51,10 @@ fn m1_wrong_token_is_refused() {
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: crate::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: "a".into(),
-            epoch: Epoch(1),
-            token: "guess".into(),
-            labels: vec![],
-            engines: vec![],
-        },
+        crate::testkit::Hello::new("a", Epoch(1))
+            .token("guess")
+            .no_engines()
+            .build(),
     );
     assert!(h.refused(conn).unwrap().contains("token not accepted"));
     assert_eq!(h.mill.sessions().count(), 0);
@@ -207,12 +196,7 @@ fn m7_snapshot_seqno_regression_is_a_violation() {
     let conn = h.ready("a", 0.1);
     h.msg(
         conn,
-        ToMill::Snapshot {
-            seqno: 1,
-            engines: engines(true, 0.1),
-            active_leases: vec![],
-            outbox_high: Seqno(0),
-        },
+        crate::testkit::snapshot(1, engines(true, 0.1), vec![], Seqno(0)),
     );
     assert_eq!(h.violation_kinds(), vec![ViolationKind::SnapshotRegression]);
     assert!(h.closed(conn).is_some());
@@ -325,12 +309,7 @@ fn m8_reported_unknown_lease_gets_an_untracked_cancel_and_no_ack_closes_the_sess
     assert!(h.asks(conn).is_empty(), "pending cancel blocks work (M27)");
     h.msg(
         conn,
-        ToMill::Snapshot {
-            seqno: 2,
-            engines: engines(true, 0.1),
-            active_leases: vec![],
-            outbox_high: Seqno(0),
-        },
+        crate::testkit::snapshot(2, engines(true, 0.1), vec![], Seqno(0)),
     );
     h.advance(11 * SEC);
     assert!(h.closed(conn).unwrap().contains("not acked"));

@@ -16,16 +16,11 @@ fn hello_seen(h: &mut H, name: &str, seen: Term) -> ConnId {
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: seen,
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: name.into(),
-            epoch: Epoch(1),
-            token: "secret".into(),
-            labels: vec!["linux".into()],
-            engines: vec!["shell".into()],
-        },
+        crate::testkit::Hello::new(name, Epoch(1))
+            .token("secret")
+            .labels(&["linux"])
+            .term(seen)
+            .build(),
     );
     conn
 }
@@ -107,16 +102,10 @@ fn e13_a_wrong_token_with_a_high_term_is_refused_for_the_token_and_deposes_nothi
     h.input(MillInput::Connected { conn }).unwrap();
     h.msg(
         conn,
-        ToMill::Hello {
-            term: Term(u64::MAX),
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: "a".into(),
-            epoch: Epoch(1),
-            token: "wrong".into(),
-            labels: vec![],
-            engines: vec!["shell".into()],
-        },
+        crate::testkit::Hello::new("a", Epoch(1))
+            .token("wrong")
+            .term(Term(u64::MAX))
+            .build(),
     );
     assert!(h.refused(conn).unwrap().contains("token"));
     assert!(

@@ -137,16 +137,9 @@ fn m5_a_node_quarantined_or_lost_leaves_no_timer_for_it() {
     // A second Hello is a violation; one strike quarantines.
     h.msg(
         conn,
-        ToMill::Hello {
-            term: crate::types::Term(0),
-            stop_grace_ms: 10_000,
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            node_id: "a".into(),
-            epoch: Epoch(1),
-            token: "secret".into(),
-            labels: Vec::new(),
-            engines: vec!["shell".into()],
-        },
+        crate::testkit::Hello::new("a", Epoch(1))
+            .token("secret")
+            .build(),
     );
     assert!(h.mill.quarantined().contains(&node("a")));
     assert!(h.terminal_of(job).is_some());
