@@ -934,6 +934,28 @@ pub struct JobRow {
     pub updated_at_ms: u64,
 }
 
+/// A u64 as a decimal string in JSON (read back from a string or a number).
+mod u64_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Number(u64),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(n),
+            Either::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// Most attempts `GET /v1/jobs/{id}` lists (the latest ones).
 pub const MAX_ATTEMPT_ROWS: i64 = 100;
 
@@ -946,7 +968,9 @@ pub struct AttemptRow {
     pub lease: u64,
     /// The executor.
     pub node: String,
-    /// The executor's store epoch.
+    /// The executor's store epoch, as a decimal string in JSON like `/v1/nodes` shows it: a
+    /// random u64 exceeds what JSON numbers keep exactly in browsers and many clients.
+    #[serde(with = "u64_text")]
     pub epoch: u64,
     /// When its lease was written (ms since the Unix epoch).
     pub started_at_ms: u64,
@@ -1159,6 +1183,31 @@ pub(crate) mod tests {
     use super::*;
     use millrace_core::job::{Terminal, TerminalStatus};
     use std::collections::BTreeSet;
+
+    /// An attempt's epoch (a random u64) reaches JSON as an exact decimal string, and a
+    /// string or a number reads back.
+    #[test]
+    fn an_attempts_epoch_is_exact_text_in_json() {
+        let row = AttemptRow {
+            attempt: 1,
+            lease: 3,
+            node: "x1".into(),
+            epoch: 18_009_951_171_109_719_617,
+            started_at_ms: 1,
+            ended_at_ms: None,
+            status: None,
+            cause: None,
+            exit_code: None,
+            error: None,
+            outcome: None,
+        };
+        let v = serde_json::to_value(&row).unwrap();
+        assert_eq!(v["epoch"], "18009951171109719617");
+        assert_eq!(serde_json::from_value::<AttemptRow>(v).unwrap(), row);
+        let mut n = serde_json::to_value(&row).unwrap();
+        n["epoch"] = serde_json::json!(7u64);
+        assert_eq!(serde_json::from_value::<AttemptRow>(n).unwrap().epoch, 7);
+    }
 
     pub(crate) fn spec() -> JobSpec {
         JobSpec {

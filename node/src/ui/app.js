@@ -83,7 +83,7 @@ async function jobsPage(app) {
     el("td", { text: j.node || "" }),
     el("td", { text: when(j.submitted_at_ms) }),
     el("td", { text: when(j.updated_at_ms) }),
-    el("td", { text: j.cause || (j.exit_code !== null && j.exit_code !== undefined ? `exit ${j.exit_code}` : "") })));
+    el("td", { text: j.exit_code !== null && j.exit_code !== undefined ? `exit ${j.exit_code}` : (j.cause || "") })));
   const table = el("table", { id: "jobs" },
     el("thead", {}, el("tr", {}, ...["Job", "State", "Owner/repo", "Command", "Node",
       "Submitted", "Updated", "End"].map((h) => el("th", { text: h })))),
