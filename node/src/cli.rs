@@ -296,6 +296,17 @@ pub struct MillTuning {
         help_heading = "Advanced"
     )]
     pub http_max_connections: usize,
+    /// How long a web UI login lasts (`/ui`; Log out ends it sooner).
+    #[arg(long, env = "MILLRACE_UI_SESSION_TTL", default_value = "12h", value_parser = dur, help_heading = "Advanced")]
+    pub ui_session_ttl: Duration,
+    /// Web UI sessions held at once; a login past it ends the oldest.
+    #[arg(
+        long,
+        env = "MILLRACE_UI_MAX_SESSIONS",
+        default_value_t = 256,
+        help_heading = "Advanced"
+    )]
+    pub ui_max_sessions: usize,
     /// The longest timeout a job may ask for (`timeout_secs`); longer ones get 400.
     #[arg(long, env = "MILLRACE_MAX_JOB_TIMEOUT", default_value = "168h", value_parser = dur, help_heading = "Advanced")]
     pub max_job_timeout: Duration,
@@ -368,6 +379,15 @@ impl MillTuning {
                 self.http_max_connections
             ));
         }
+        if self.ui_max_sessions == 0 {
+            return Err("--ui-max-sessions 0: must be at least 1".to_string());
+        }
+        if self.ui_session_ttl < Duration::from_secs(60) {
+            return Err(format!(
+                "--ui-session-ttl {}s: must be at least 1m",
+                self.ui_session_ttl.as_secs()
+            ));
+        }
         if self.live_log_per_job == 0 || self.live_log_per_job > self.live_log_total {
             return Err(format!(
                 "--live-log-per-job {}: must be 1 byte to --live-log-total ({})",
@@ -398,6 +418,8 @@ impl Default for MillTuning {
             http_header_timeout: Duration::from_secs(10),
             http_body_timeout: Duration::from_secs(30),
             http_max_connections: 1024,
+            ui_session_ttl: crate::ui::DEFAULT_SESSION_TTL,
+            ui_max_sessions: crate::ui::DEFAULT_MAX_SESSIONS,
             max_job_timeout: Duration::from_secs(7 * 86_400),
             retention: Duration::from_secs(30 * 86_400),
             retention_count: None,

@@ -544,7 +544,11 @@ async fn start_leading(
         max_job_timeout: opts.tuning.max_job_timeout,
         preauth,
         term: config_term,
-        ui: Arc::new(crate::ui::Sessions::new(tls.is_some())),
+        ui: Arc::new(crate::ui::Sessions::new(
+            tls.is_some(),
+            opts.tuning.ui_session_ttl,
+            opts.tuning.ui_max_sessions,
+        )),
     };
     let limits = http::HttpLimits {
         header_timeout: opts.tuning.http_header_timeout,

@@ -7,7 +7,7 @@
 //! a cookie holding a random session id, never the token itself, so a leaked cookie jar
 //! leaks a session that expires and can be logged out, not the token. The node keeps the
 //! SHA-256 of each id (a lookup by hash leaks nothing useful by its timing) in a bounded map
-//! ([`MAX_SESSIONS`], [`SESSION_TTL`]). A cookie-authenticated request that changes state
+//! (`--ui-max-sessions`, `--ui-session-ttl`). A cookie-authenticated request that changes state
 //! must carry [`CSRF_HEADER`]: a cross-site form cannot set it, and a cross-site `fetch`
 //! with it needs a CORS preflight the node never grants; `SameSite=Strict` alone does not
 //! protect older browsers.
@@ -32,11 +32,11 @@ use crate::http::{constant_time_eq, Api, HttpLimits};
 pub const COOKIE: &str = "millrace_session";
 /// The header a cookie-authenticated request that changes state must carry (value `1`).
 pub const CSRF_HEADER: &str = "x-millrace-ui";
-/// Most sessions at once: a login past it ends the oldest session (every login needs the
-/// token, so only its holders can push others out).
-pub const MAX_SESSIONS: usize = 256;
-/// How long a session lasts after its login.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Default of `--ui-max-sessions`, the most sessions at once: a login past it ends the
+/// oldest session (every login needs the token, so only its holders can push others out).
+pub const DEFAULT_MAX_SESSIONS: usize = 256;
+/// Default of `--ui-session-ttl`, how long a session lasts after its login: a working day.
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Largest body of a login or logout.
 const MAX_FORM: usize = 4 * 1024;
 
@@ -55,6 +55,10 @@ const STYLE: &str = include_str!("ui/style.css");
 pub struct Sessions {
     /// Set `Secure` on the cookie: the node serves TLS.
     secure: bool,
+    /// How long a session lasts.
+    ttl: Duration,
+    /// Most sessions at once.
+    max: usize,
     live: Mutex<BTreeMap<[u8; 32], Instant>>,
 }
 
@@ -82,10 +86,13 @@ fn digest(id: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    /// No sessions yet; `secure` when the HTTP listener serves TLS.
-    pub fn new(secure: bool) -> Self {
+    /// No sessions yet; `secure` when the HTTP listener serves TLS; each lasts `ttl`, at
+    /// most `max` (at least 1) at once.
+    pub fn new(secure: bool, ttl: Duration, max: usize) -> Self {
         Sessions {
             secure,
+            ttl,
+            max: max.max(1),
             live: Mutex::new(BTreeMap::new()),
         }
     }
@@ -94,28 +101,28 @@ impl Sessions {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new session lasting [`SESSION_TTL`] from `now`: its id (64 hex digits). At
-    /// [`MAX_SESSIONS`] it first drops the ended sessions, then the one that ends soonest.
+    /// A new session lasting its TTL from `now`: its id (64 hex digits). At the most
+    /// sessions it first drops the ended sessions, then the one that ends soonest.
     pub fn open(&self, now: Instant) -> Result<String, SessionError> {
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw)?;
         let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
         let mut map = self.map();
-        if map.len() >= MAX_SESSIONS {
+        if map.len() >= self.max {
             map.retain(|_, until| *until > now);
         }
-        if map.len() >= MAX_SESSIONS {
+        if map.len() >= self.max {
             let oldest = map.iter().min_by_key(|(_, until)| **until).map(|(k, _)| *k);
             if let Some(k) = oldest {
                 map.remove(&k);
                 tracing::warn!(
-                    max = MAX_SESSIONS,
+                    max = self.max,
                     "web UI sessions full: a login ended the oldest session"
                 );
             }
         }
-        map.insert(digest(&id), now + SESSION_TTL);
-        debug_assert!(map.len() <= MAX_SESSIONS);
+        map.insert(digest(&id), now + self.ttl);
+        debug_assert!(map.len() <= self.max);
         Ok(id)
     }
 
@@ -163,7 +170,7 @@ impl Sessions {
         let secure = if self.secure { "; Secure" } else { "" };
         format!(
             "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
-            SESSION_TTL.as_secs()
+            self.ttl.as_secs()
         )
     }
 
@@ -368,12 +375,12 @@ mod tests {
 
     #[test]
     fn a_session_lives_until_its_ttl_and_until_logout() {
-        let s = Sessions::new(false);
+        let s = Sessions::new(false, DEFAULT_SESSION_TTL, DEFAULT_MAX_SESSIONS);
         let t0 = Instant::now();
         let id = s.open(t0).unwrap();
         assert_eq!(id.len(), 64);
-        assert!(s.live(&id, t0 + SESSION_TTL - Duration::from_secs(1)));
-        assert!(!s.live(&id, t0 + SESSION_TTL));
+        assert!(s.live(&id, t0 + DEFAULT_SESSION_TTL - Duration::from_secs(1)));
+        assert!(!s.live(&id, t0 + DEFAULT_SESSION_TTL));
         assert_eq!(s.count(), 0, "an ended session is dropped when seen");
         let id = s.open(t0).unwrap();
         s.close(&id);
@@ -382,21 +389,21 @@ mod tests {
 
     #[test]
     fn sessions_are_bounded_and_the_oldest_goes_first() {
-        let s = Sessions::new(false);
+        let s = Sessions::new(false, DEFAULT_SESSION_TTL, 8);
         let t0 = Instant::now();
         let first = s.open(t0).unwrap();
-        let ids: Vec<String> = (1..=MAX_SESSIONS as u64)
+        let ids: Vec<String> = (1..=8)
             .map(|i| s.open(t0 + Duration::from_secs(i)).unwrap())
             .collect();
-        assert_eq!(s.count(), MAX_SESSIONS);
-        let later = t0 + Duration::from_secs(MAX_SESSIONS as u64 + 1);
+        assert_eq!(s.count(), 8);
+        let later = t0 + Duration::from_secs(9);
         assert!(!s.live(&first, later), "the oldest session was ended");
         assert!(ids.iter().all(|id| s.live(id, later)));
     }
 
     #[test]
     fn writes_by_cookie_need_the_csrf_header() {
-        let s = Sessions::new(true);
+        let s = Sessions::new(true, DEFAULT_SESSION_TTL, DEFAULT_MAX_SESSIONS);
         let id = s.open(Instant::now()).unwrap();
         let mut h = with_cookie(&format!("other=1; {COOKIE}={id}"));
         assert_eq!(s.admit(&Method::GET, &h), CookieAuth::Admitted);

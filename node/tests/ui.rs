@@ -193,6 +193,23 @@ fn ui_login_sets_a_cookie_only_for_the_right_token_and_logout_ends_it() {
     let done = mill.api.wait_done(id);
     assert_eq!(done["state"], "cancelled");
 
+    // The quarantine lift is a write too: refused without the header; with it, it reaches
+    // the mill (which has no quarantine for x1: 409).
+    let lift = "/v1/nodes/x1/quarantine/lift";
+    assert_eq!(
+        call(&mill, "POST", lift, Some(&session), &[], None).status,
+        403
+    );
+    let a = call(
+        &mill,
+        "POST",
+        lift,
+        Some(&session),
+        &[("X-Millrace-UI", "1")],
+        None,
+    );
+    assert_eq!(a.status, 409, "{}", a.body);
+
     // Logout needs the header too; then the session reads nothing.
     let a = call(&mill, "POST", "/ui/logout", Some(&session), &[], None);
     assert_eq!(a.status, 403);
