@@ -2,9 +2,11 @@
 """The web UI in headless Chromium (issue 18 item 2).
 
 Starts `millrace standalone` on loopback ports of its own, a second executor that is then
-killed (so the nodes page shows a node in grace), runs jobs (one succeeds, one fails, one
+killed (so the nodes page shows a node in grace), a third whose Hello a proxy repeats until
+it is quarantined, runs jobs (one succeeds, one fails, one
 prints for a while, one waits for a label nobody has), logs in through the real login form,
-loads each page and checks what it shows, then logs out. Chromium is driven over the
+loads each page and checks what it shows, lifts a quarantine with the nodes page's button,
+then logs out. Chromium is driven over the
 DevTools protocol on a pipe (--remote-debugging-pipe), with the standard library only.
 
     python3 ci/ui_check.py --bin target/debug/millrace                # the check (CI)
@@ -24,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,6 +82,69 @@ class Api:
 
     def job(self, jid):
         return self.call("GET", f"/v1/jobs/{jid}")[1]
+
+
+class StrikeProxy:
+    """A TCP proxy between an executor and the mill that, while `strike` is set, repeats the
+    executor's Hello frame (u32 length + body) on the same connection: a second Hello is a
+    protocol violation (M2, M28), so `--quarantine-strikes` reconnects quarantine the node.
+    With `strike` cleared it only forwards, so the node comes back after a lift."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.strike = True
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @staticmethod
+    def _exactly(sock, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise OSError("closed")
+            buf += chunk
+        return buf
+
+    def _serve(self, client):
+        try:
+            up = socket.create_connection(self.upstream)
+            if self.strike:
+                head = self._exactly(client, 4)
+                hello = head + self._exactly(client, int.from_bytes(head, "big"))
+                up.sendall(hello + hello)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pump, args=(up, client), daemon=True).start()
+        self._pump(client, up)
 
 
 class Chromium:
@@ -230,6 +296,19 @@ def main():
             n["node"] == "builder-2" and n["state"] == "grace"
             for n in api.call("GET", "/v1/nodes")[1]["nodes"]))
 
+        # A third executor whose connections repeat their Hello: quarantined (M28).
+        proxy = StrikeProxy(("127.0.0.1", execp))
+        procs.append(subprocess.Popen(
+            [a.bin, "executor", "--mill", f"127.0.0.1:{proxy.port}", "--node-id", "flaky-3",
+             "--engine", "shell:2", "--data", os.path.join(tmp, "f3"),
+             "--token-file", os.path.join(data, "token"),
+             "--backoff-min", "50ms", "--backoff-max", "300ms"],
+            stdout=log, stderr=log, env=env))
+        wait_for("flaky-3 quarantined", lambda: any(
+            n["node"] == "flaky-3" and n["state"] == "quarantined"
+            for n in api.call("GET", "/v1/nodes")[1]["nodes"]))
+        proxy.strike = False
+
         ok = api.submit(command="echo compiling; echo build ok", owner="alice", repo="web",
                         labels=["linux"])
         bad = api.submit(command="echo running tests; echo '3 tests failed' >&2; exit 3",
@@ -312,10 +391,23 @@ def main():
         expect(f"job j{waiting}", browser, "queued", "waiting", "gpu")
 
         browser.goto(base + "/ui/nodes")
-        expect("nodes", browser, "local", "ready", "builder-2", "grace", "until",
-               "linux, x86_64", "/ 4")
+        expect("nodes", browser, "local", "ready", "builder-2", "grace", "s left",
+               "linux, x86_64", " / 4", "/ —")
         if a.shots:
             browser.shoot(os.path.join(a.shots, "ui-nodes.png"))
+        # The lift button (its fetch carries X-Millrace-UI): the node connects again.
+        expect("nodes (quarantined)", browser, "flaky-3", "quarantined", "Lift quarantine")
+        browser.eval("window.confirm = () => true;"
+                     "[...document.querySelectorAll('#nodes button')]"
+                     ".find(b => b.textContent === 'Lift quarantine').click()")
+        wait_for("flaky-3 ready after the lift", lambda: any(
+            n["node"] == "flaky-3" and n["state"] == "ready"
+            for n in api.call("GET", "/v1/nodes")[1]["nodes"]))
+        expect("nodes (lifted)", browser, "flaky-3")
+        wait_for("the nodes page to show flaky-3 ready", lambda: browser.eval(
+            "[...document.querySelectorAll('#nodes tbody tr')].some(r => "
+            "r.cells[0].textContent === 'flaky-3' && r.cells[1].textContent === 'ready')"))
+        print("  ok nodes: lift quarantine → flaky-3 ready")
 
         # Cancel from the job page (the button's fetch carries X-Millrace-UI).
         browser.goto(f"{base}/ui/jobs/{long}")

@@ -236,7 +236,7 @@ async function nodesPage(app) {
     let grace = "";
     if (n.grace_until_ms !== undefined) {
       const left = Math.max(0, Math.round((n.grace_until_ms - now) / 1000));
-      grace = `until ${when(n.grace_until_ms)} (${left} s)`;
+      grace = `${left} s left (${when(n.grace_until_ms).slice(11)})`;
     }
     const action = el("td");
     if (n.state === "quarantined") {
@@ -249,12 +249,14 @@ async function nodesPage(app) {
       });
       action.append(b);
     }
+    // A node without a live session has no current snapshot: its seats are unknown.
+    const known = n.capacity > 0 || n.state === "ready" || n.state === "connected";
     return el("tr", {},
       el("td", { text: n.node }),
       el("td", {}, state(n.state)),
       el("td", { text: n.epoch || "" }),
-      el("td", { text: `${used} / ${n.capacity}` }),
-      el("td", {}, bar, `${pct}% (${n.running} running)`),
+      el("td", { text: known ? `${used} / ${n.capacity}` : `${used} / —` }),
+      el("td", {}, known ? bar : "", known ? `${pct}% (${n.running} running)` : `${n.running} running`),
       el("td", { text: n.engines.join(", ") }),
       el("td", { text: n.labels.join(", ") }),
       el("td", { text: grace }),
