@@ -318,10 +318,10 @@ def main():
             raise CheckFailed(f"short jobs: {api.job(ok)['state']}, {api.job(bad)['state']}")
         waiting = api.submit(command="nvidia-smi", owner="carol", repo="ml", labels=["gpu"])
         long = api.submit(
-            command="for i in $(seq 1 600); do echo \"step $i of 600: building part $i\"; "
+            command="for i in $(seq 1 3000); do echo \"step $i of 3000: building part $i\"; "
                     "sleep 0.1; done",
             owner="alice", repo="web", retries=1)
-        burst = api.submit(command="seq 1 5000 | sed 's/^/burst line /'; sleep 60",
+        burst = api.submit(command="seq 1 5000 | sed 's/^/burst line /'; sleep 300",
                            owner="dave", repo="logs")
         wait_for("the burst job's 60 KB", lambda: api.call(
             "GET", f"/v1/jobs/{burst}/log?cursor=0&max=1")[1]["end"] >= 60000)
@@ -365,7 +365,7 @@ def main():
 
         browser.goto(f"{base}/ui/jobs/{long}")
         expect(f"job j{long}", browser, f"Job j{long}", "running", "Attempts", "local",
-               "step 1 of 600", "following")
+               "step 1 of 3000", "following")
         # The attempt's epoch is exact (a u64 past what a JS number keeps): the node's own.
         local_epoch = next(n["epoch"] for n in api.call("GET", "/v1/nodes")[1]["nodes"]
                            if n["node"] == "local")
@@ -374,7 +374,7 @@ def main():
         if shown != local_epoch:
             raise CheckFailed(f"job j{long}: attempt epoch {shown}, node local has {local_epoch}")
         # The log follows by cursor: later lines arrive without a reload.
-        expect(f"job j{long} (followed)", browser, "step 30 of 600")
+        expect(f"job j{long} (followed)", browser, "step 30 of 3000")
         if a.shots:
             browser.shoot(os.path.join(a.shots, "ui-job.png"))
 
