@@ -304,5 +304,11 @@ document.addEventListener("DOMContentLoaded", () => {
   render();
   // The lists refresh themselves; the job page refreshes while it follows its log.
   if (page === "nodes") setInterval(render, 3000);
-  if (page === "jobs" && !new URLSearchParams(location.search).get("after")) setInterval(render, 5000);
+  // (Not while the state filter has the focus: a re-render would close its list.)
+  if (page === "jobs" && !new URLSearchParams(location.search).get("after")) {
+    setInterval(() => {
+      const active = document.activeElement;
+      if (!active || active.id !== "state-filter") render();
+    }, 5000);
+  }
 });
