@@ -363,6 +363,14 @@ def main():
         if rows != 1:
             raise CheckFailed(f"jobs?state=failed: {rows} rows, want 1")
 
+        # Paging: a page after a job holds only older jobs and links back to the newest.
+        browser.goto(f"{base}/ui/jobs?after={bad}")
+        expect(f"jobs?after={bad}", browser, f"j{ok}", f"before j{bad}", "« newest")
+        shown = browser.eval("[...document.querySelectorAll('#jobs tbody tr td:first-child')]"
+                             ".map(td => td.textContent)")
+        if shown != [f"j{ok}"]:
+            raise CheckFailed(f"jobs?after={bad}: rows {shown}, want only j{ok}")
+
         browser.goto(f"{base}/ui/jobs/{long}")
         expect(f"job j{long}", browser, f"Job j{long}", "running", "Attempts", "local",
                "step 1 of 3000", "following")

@@ -297,7 +297,12 @@ impl Sim {
         let mut byz = Rng::new(seed, Purpose::Byzantine);
         let workload = workload.unwrap_or_else(|| {
             let mut retry = Rng::new(seed, Purpose::Retry);
-            Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz, &mut retry)
+            let mut drawn =
+                Workload::draw(scenario, &plan.swarm, &mut wl_rng, &mut byz, &mut retry);
+            if let Some(keep) = &scenario.keep {
+                drawn.arrivals = crate::scenario::keep_indices(drawn.arrivals, &keep.jobs);
+            }
+            drawn
         });
         let mut process = Rng::new(seed, Purpose::Process);
         let mut mill_cfg = scenario.mill_config();
@@ -1757,6 +1762,13 @@ impl Sim {
                 let retry_starts = self.c.retry_starts;
                 let r = self.c.start(&self.w, i, lease, job, &spec);
                 self.check(r);
+                if self.w.scenario.bug == Some(crate::scenario::SimBug::DoubleStartAfterCrash)
+                    && self.w.execs[i].inc > 0
+                {
+                    // The deliberate breakage: the engine runs the job a second time.
+                    let r = self.c.start(&self.w, i, lease, job, &spec);
+                    self.check(r);
+                }
                 if spec.node.is_some() {
                     self.cov.hit(Path::PinnedRan);
                 }

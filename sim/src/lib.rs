@@ -35,6 +35,7 @@ pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod scenario_file;
+pub mod shrink;
 pub mod trace;
 pub mod watch;
 pub mod workload;

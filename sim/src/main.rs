@@ -90,6 +90,21 @@ enum Command {
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
     },
+    /// Shrinks a failing seed: delta debugging over its faults, then its jobs, keeping the
+    /// same invariant failing; writes a scenario file that fails on its own.
+    Shrink {
+        /// The failing seed.
+        #[arg(long)]
+        seed: u64,
+        #[command(flatten)]
+        which: Which,
+        /// Where to write the shrunk scenario file.
+        #[arg(long, default_value = "shrunk.toml")]
+        out: std::path::PathBuf,
+        /// The most simulator runs to spend (1..=100000).
+        #[arg(long, default_value_t = 2000)]
+        max_runs: usize,
+    },
     /// Lists the scenario library: name and what each exercises.
     List,
     /// Placement quality against an omniscient scheduler (Sparrow-style; see `sim::quality`).
@@ -216,11 +231,82 @@ fn main() -> ExitCode {
             Ok(s) => fuzz(&s, start, seeds),
             Err(code) => code,
         },
+        Command::Shrink {
+            seed,
+            which,
+            out,
+            max_runs,
+        } => match (find(dir, &which), text_of(dir, &which)) {
+            (Ok(s), Ok(text)) => shrink(&s, &text, seed, &out, max_runs),
+            (Err(code), _) | (_, Err(code)) => code,
+        },
         Command::Replay { seed, which, trace } => match find(dir, &which) {
             Ok(s) => replay(&s, seed, trace),
             Err(code) => code,
         },
     }
+}
+
+/// The text of the scenario's file (to copy into a shrunk file).
+fn text_of(dir: Option<&std::path::Path>, which: &Which) -> Result<String, ExitCode> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|e| {
+            eprintln!("error: {}: {e}", path.display());
+            ExitCode::from(2)
+        })
+    };
+    if let Some(path) = &which.scenario_file {
+        return read(path);
+    }
+    if let Some(d) = dir {
+        return read(&d.join(format!("{}.toml", which.scenario)));
+    }
+    scenario_file::embedded_texts()
+        .find(|(name, _)| *name == which.scenario)
+        .map(|(_, text)| text.to_string())
+        .ok_or_else(|| {
+            eprintln!(
+                "error: unknown scenario {:?} (see `millrace-sim list`)",
+                which.scenario
+            );
+            ExitCode::from(2)
+        })
+}
+
+fn shrink(s: &Scenario, text: &str, seed: u64, out: &std::path::Path, max_runs: usize) -> ExitCode {
+    if !(1..=100_000).contains(&max_runs) {
+        eprintln!("error: --max-runs must be 1..=100000, not {max_runs}");
+        return ExitCode::from(2);
+    }
+    let shrunk = match sim::shrink::shrink(s, seed, max_runs, &mut |line| eprintln!("{line}")) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let toml = sim::shrink::write_toml(text, s, seed, &shrunk);
+    if let Err(e) = std::fs::write(out, &toml) {
+        eprintln!("error: writing {}: {e}", out.display());
+        return ExitCode::from(2);
+    }
+    out!(
+        "{} seed {seed} fails {}: shrunk from {} faults and {} jobs to {} faults and {} jobs in {} runs{}",
+        s.name,
+        shrunk.rule,
+        shrunk.before.0,
+        shrunk.before.1,
+        shrunk.keep.faults.len(),
+        shrunk.keep.jobs.len(),
+        shrunk.runs,
+        if shrunk.capped { " (stopped at --max-runs: not minimal)" } else { "" }
+    );
+    out!("  wrote {}", out.display());
+    out!(
+        "  replay: cargo run --release -p sim -- replay --scenario-file {} --seed {seed}",
+        out.display()
+    );
+    ExitCode::SUCCESS
 }
 
 fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
@@ -254,6 +340,10 @@ fn fuzz(s: &Scenario, start: u64, seeds: u64) -> ExitCode {
             bar.abandon();
             let traced = sim::run_traced(s, seed, REPORT_LINES);
             out!("{}", failure_report(&o, Some(&traced)));
+            out!(
+                "  shrink: cargo run --release -p sim -- shrink --seed {seed} --scenario {} --out shrunk-{seed}.toml",
+                s.name
+            );
             return ExitCode::from(1);
         }
     }

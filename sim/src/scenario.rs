@@ -174,6 +174,34 @@ pub struct Scenario {
     pub config: ConfigOverrides,
     /// What a run of this scenario must show.
     pub expect: Expect,
+    /// A shrunk schedule (`[shrunk]` in a file that `millrace-sim shrink` wrote): only these
+    /// faults and arrivals of the seed's plan and workload run.
+    pub keep: Option<Keep>,
+    /// A deliberate breakage of the simulator's engine model, for tests of the tooling
+    /// around a failure (shrinking); never set by a scenario file.
+    pub bug: Option<SimBug>,
+}
+
+/// What a shrunk scenario keeps of its seed's plan and workload: indices into the fault plan
+/// the seed draws (scripted faults included, in time order) and into its arrivals. Filtering
+/// after the draw leaves every other random stream of the seed where it was.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Keep {
+    /// The seed it was shrunk from: the indices mean something only with this seed.
+    pub seed: u64,
+    /// The faults kept, by index into the seed's plan.
+    pub faults: Vec<usize>,
+    /// The arrivals kept, by index into the seed's workload.
+    pub jobs: Vec<usize>,
+}
+
+/// A deliberate breakage of the simulator (not of the product), compiled in for tests that
+/// need a real failure caught by a real checker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimBug {
+    /// An executor's engine starts a job a second time once that executor has crashed and
+    /// restarted at least once, so I1 fails ("started twice").
+    DoubleStartAfterCrash,
 }
 
 /// One executor of an explicit fleet.
@@ -965,6 +993,16 @@ fn partition_side(rng: &mut Rng, executors: usize) -> Vec<usize> {
     side
 }
 
+/// The items of `all` whose index is in `keep` (out-of-range indices are ignored), in order.
+pub fn keep_indices<T>(all: Vec<T>, keep: &[usize]) -> Vec<T> {
+    let keep: std::collections::BTreeSet<usize> = keep.iter().copied().collect();
+    all.into_iter()
+        .enumerate()
+        .filter(|(k, _)| keep.contains(k))
+        .map(|(_, x)| x)
+        .collect()
+}
+
 /// The swarm and fault plan of one seed.
 #[derive(Debug, Clone)]
 pub struct SeedPlan {
@@ -995,6 +1033,9 @@ impl SeedPlan {
         if !scenario.script.is_empty() {
             faults.faults.extend(scenario.script.iter().cloned());
             faults.faults.sort_by_key(|(t, _)| *t);
+        }
+        if let Some(keep) = &scenario.keep {
+            faults.faults = keep_indices(std::mem::take(&mut faults.faults), &keep.faults);
         }
         SeedPlan {
             seed,

@@ -109,6 +109,20 @@ struct Doc {
     config: Option<Spanned<ConfigDoc>>,
     #[serde(default)]
     expect: ExpectDoc,
+    #[serde(default)]
+    shrunk: Option<ShrunkDoc>,
+}
+
+/// `[shrunk]`: what `millrace-sim shrink` kept of its seed's plan and workload.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShrunkDoc {
+    /// The seed it was shrunk from (replay with this seed).
+    seed: u64,
+    /// Indices into the seed's fault plan.
+    faults: Vec<usize>,
+    /// Indices into the seed's arrivals.
+    jobs: Vec<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -808,6 +822,12 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
         script,
         config,
         expect,
+        keep: doc.shrunk.map(|k| crate::scenario::Keep {
+            seed: k.seed,
+            faults: k.faults,
+            jobs: k.jobs,
+        }),
+        bug: None,
     };
     if let Err(e) = s.mill_config().validate() {
         return Err(cx.err(
