@@ -36,6 +36,7 @@ pub mod rng;
 pub mod scenario;
 pub mod scenario_file;
 pub mod shrink;
+pub mod timeline;
 pub mod trace;
 pub mod watch;
 pub mod workload;

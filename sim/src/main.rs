@@ -89,6 +89,9 @@ enum Command {
         /// Writes the full trace (one line per event) to this file.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
+        /// Writes a self-contained HTML timeline of the run to this file.
+        #[arg(long)]
+        html: Option<std::path::PathBuf>,
     },
     /// Shrinks a failing seed: delta debugging over its faults, then its jobs, keeping the
     /// same invariant failing; writes a scenario file that fails on its own.
@@ -240,11 +243,49 @@ fn main() -> ExitCode {
             (Ok(s), Ok(text)) => shrink(&s, &text, seed, &out, max_runs),
             (Err(code), _) | (_, Err(code)) => code,
         },
-        Command::Replay { seed, which, trace } => match find(dir, &which) {
-            Ok(s) => replay(&s, seed, trace),
+        Command::Replay {
+            seed,
+            which,
+            trace,
+            html,
+        } => match find(dir, &which) {
+            Ok(s) => {
+                let code = replay(&s, seed, trace);
+                match html {
+                    Some(path) => match timeline(&s, seed, &path) {
+                        Ok(()) => code,
+                        Err(c) => c,
+                    },
+                    None => code,
+                }
+            }
             Err(code) => code,
         },
     }
+}
+
+/// `replay --html`: runs the seed again keeping its last trace lines and draws them.
+fn timeline(s: &Scenario, seed: u64, path: &std::path::Path) -> Result<(), ExitCode> {
+    let o = sim::run(s, seed, Trace::on(sim::timeline::MAX_LINES, None));
+    let title = format!("{} seed {seed}", s.name);
+    let failure = o.failure.as_ref().map(|v| {
+        (
+            o.end as f64 / SEC as f64,
+            format!("{}: {}", v.rule, v.message),
+        )
+    });
+    let page = sim::timeline::html(&title, &o.last_lines, o.trace_lines, failure);
+    std::fs::write(path, page).map_err(|e| {
+        eprintln!("error: writing {}: {e}", path.display());
+        ExitCode::from(2)
+    })?;
+    out!(
+        "  timeline: {} ({} trace lines, trace-hash {})",
+        path.display(),
+        o.trace_lines,
+        o.trace_hash.unwrap_or_default()
+    );
+    Ok(())
 }
 
 /// The text of the scenario's file (to copy into a shrunk file).
