@@ -617,7 +617,7 @@ impl Driver {
         let mut full = false;
         match r {
             Ok((purged, took)) => {
-                self.metrics.retention_batches += 1;
+                self.metrics.retention_batches.inc();
                 full = purged.jobs.len() >= RETENTION_BATCH;
                 if !purged.jobs.is_empty() {
                     for &job in &purged.jobs {
@@ -630,8 +630,9 @@ impl Driver {
                         }
                     }
                     let jobs = purged.jobs.len() as u64;
-                    self.metrics.retention_jobs += jobs;
-                    self.metrics.retention_history_rows += purged.history_rows;
+                    self.metrics.retention_deleted("jobs", jobs);
+                    self.metrics
+                        .retention_deleted("history_rows", purged.history_rows);
                     // Their keys left the store in the same transaction (M31).
                     self.mill.forget_keys_of(&purged.jobs);
                     tracing::info!(
@@ -772,21 +773,21 @@ impl Driver {
                 })));
             }
             MillCmd::Metrics { reply } => {
-                self.metrics.retention_log_files =
-                    self.retention.files_deleted.load(Ordering::Relaxed);
+                self.metrics
+                    .retention_log_files(self.retention.files_deleted.load(Ordering::Relaxed));
                 let _ = reply.send(self.metrics.render(&self.mill));
             }
             MillCmd::Stats { reply } => {
                 let h = &self.latency_us;
                 let _ = reply.send(Stats {
-                    placed: self.metrics.placed,
+                    placed: self.metrics.placed_count(),
                     p50_us: h.value_at_quantile(0.5),
                     p99_us: h.value_at_quantile(0.99),
                     p999_us: h.value_at_quantile(0.999),
-                    commits: self.metrics.batches,
+                    commits: self.metrics.batches.get(),
                     commit_mean_us: self
                         .commit_us_total
-                        .checked_div(self.metrics.batches)
+                        .checked_div(self.metrics.batches.get())
                         .unwrap_or(0),
                 });
             }
@@ -809,7 +810,7 @@ impl Driver {
         let mut warning = None;
         match &r {
             Ok(s) if s.created => {
-                self.metrics.submitted += 1;
+                self.metrics.submitted.inc();
                 // Only a job no candidate took up can be unplaceable: the node list is built
                 // for those alone.
                 if let Some(spec) = self.mill.queued_spec(s.job) {
@@ -820,7 +821,7 @@ impl Driver {
                 }
             }
             Ok(s) => {
-                self.metrics.submit_replays += 1;
+                self.metrics.submit_replays.inc();
                 tracing::debug!(job = %s.job, "submit: idempotency key names an existing job (M31)");
             }
             Err(_) => {}
@@ -955,8 +956,8 @@ impl Driver {
     fn on_finished(&mut self, f: Finished) -> Result<(), DriverError> {
         match f {
             Finished::Committed(Ok(took)) => {
-                self.metrics.commit_latency.observe(took);
-                self.metrics.batches += 1;
+                self.metrics.commit_latency.observe(took.as_secs_f64());
+                self.metrics.batches.inc();
                 self.commit_us_total = self
                     .commit_us_total
                     .saturating_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
@@ -989,7 +990,7 @@ impl Driver {
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         // A peer this far behind is cut off; its task reports Disconnected.
                         tracing::warn!(%conn, "send queue full; closing the connection");
-                        self.metrics.send_overflows += 1;
+                        self.metrics.send_overflows.inc();
                         self.conns.remove(&conn);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -1045,7 +1046,7 @@ impl Driver {
                     bytes,
                 };
                 if self.logs.try_send(append).is_err() {
-                    self.metrics.live_log_dropped += 1;
+                    self.metrics.live_log_dropped.inc();
                 }
             }
             MillOutput::Observed(o) => self.observed(o),
@@ -1060,8 +1061,10 @@ impl Driver {
                 node,
                 latency,
             } => {
-                self.metrics.placed += 1;
-                self.metrics.placement_latency.observe(latency);
+                self.metrics.placed();
+                self.metrics
+                    .placement_latency
+                    .observe(latency.as_secs_f64());
                 let us = u64::try_from(latency.as_micros())
                     .unwrap_or(u64::MAX)
                     .max(1);
@@ -1073,11 +1076,11 @@ impl Driver {
                 tracing::warn!(%node, %kind, %reason, "protocol violation");
             }
             Observation::Quarantined { node } => {
-                self.metrics.quarantined += 1;
+                self.metrics.quarantined.inc();
                 tracing::warn!(%node, "node quarantined; lift with `millrace quarantine lift`");
             }
             Observation::Refused { conn, reason } => {
-                self.metrics.refused += 1;
+                self.metrics.refused.inc();
                 tracing::warn!(%conn, %reason, "executor refused");
             }
             Observation::Applied { .. } | Observation::QuotaWait { .. } => {}
@@ -1094,7 +1097,7 @@ impl Driver {
                 cause,
                 fenced,
             } => {
-                self.metrics.retried += 1;
+                self.metrics.retried.inc();
                 let cause = cause.map_or("unknown", |c| c.name());
                 tracing::info!(%job, attempt, cause, fenced, "attempt ended; retrying (M32)");
             }
