@@ -68,20 +68,11 @@ impl std::error::Error for LoadError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dur(pub Micros);
 
+use millrace_core::duration::format_micros;
+
 /// Parses a duration string (see `Dur`) in microseconds.
 pub fn parse_duration(text: &str) -> Option<Micros> {
     millrace_core::duration::parse_micros(text).ok()
-}
-
-/// Formats microseconds the way files write them.
-pub fn format_duration(m: Micros) -> String {
-    if m % SEC == 0 {
-        format!("{}s", m / SEC)
-    } else if m % MS == 0 {
-        format!("{}ms", m / MS)
-    } else {
-        format!("{m}us")
-    }
 }
 
 impl<'de> Deserialize<'de> for Dur {
@@ -526,8 +517,8 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
             "workload.duration.mean",
             format!(
                 "{} must be positive and at most max ({})",
-                format_duration(job_mean),
-                format_duration(job_max)
+                format_micros(job_mean),
+                format_micros(job_max)
             ),
         ));
     }
@@ -682,8 +673,8 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
                         format!(
                             "lasts until {}, after the end of the fault window ({}): the heal \
                              would cut it short",
-                            format_duration(end),
-                            format_duration(w_val)
+                            format_micros(end),
+                            format_micros(w_val)
                         ),
                     ));
                 }
@@ -693,8 +684,8 @@ fn build(cx: &Ctx<'_>, name: String, doc: Doc) -> Result<Scenario, LoadError> {
                         format!("faults.script[{k}].at"),
                         format!(
                             "{} is after the end of the fault window ({}): the network heals then",
-                            format_duration(at),
-                            format_duration(w_val)
+                            format_micros(at),
+                            format_micros(w_val)
                         ),
                     ));
                 }
