@@ -22,8 +22,13 @@
 //! node id the client certificate does not name is refused here too (issue 11 item 4; the
 //! rule is in `tls`): the certificate binds the connection to one node id.
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::metrics::Labels;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -157,8 +162,10 @@ struct Gate {
 pub struct Preauth {
     config: PreauthConfig,
     waiting: Mutex<Waiting>,
-    admitted: AtomicU64,
-    rejected: [AtomicU64; REASONS],
+    admitted: Counter,
+    rejected: Family<Labels, Counter>,
+    waiting_gauge: Gauge,
+    registry: Registry,
     gates: Mutex<[Gate; REASONS]>,
 }
 
@@ -187,11 +194,37 @@ impl Drop for Slot<'_> {
 impl Preauth {
     /// A fresh budget.
     pub fn new(config: PreauthConfig) -> Self {
+        let admitted: Counter = Counter::default();
+        let rejected: Family<Labels, Counter> = Family::default();
+        let waiting_gauge: Gauge = Gauge::default();
+        for r in Reject::ALL {
+            rejected
+                .get_or_create(&vec![("reason", r.name().to_string())])
+                .inc_by(0);
+        }
+        let mut registry = Registry::default();
+        registry.register(
+            "millrace_preauth_waiting",
+            "Executor connections waiting for their Hello",
+            waiting_gauge.clone(),
+        );
+        registry.register(
+            "millrace_preauth_admitted",
+            "Connections whose Hello (with a valid token) went to the mill",
+            admitted.clone(),
+        );
+        registry.register(
+            "millrace_preauth_rejected",
+            "Connections closed before their Hello was accepted, by reason",
+            rejected.clone(),
+        );
         Preauth {
             config,
             waiting: Mutex::new(Waiting::default()),
-            admitted: AtomicU64::new(0),
-            rejected: Default::default(),
+            admitted,
+            rejected,
+            waiting_gauge,
+            registry,
             gates: Mutex::new(Default::default()),
         }
     }
@@ -273,7 +306,7 @@ impl Preauth {
         };
         match msg.and_then(|msg| self.check(msg, cert.as_ref())) {
             Ok(hello) => {
-                self.admitted.fetch_add(1, Ordering::Relaxed);
+                self.admitted.inc();
                 Ok((stream, hello))
             }
             Err(rej) => {
@@ -342,9 +375,9 @@ impl Preauth {
 
     fn count(&self, rej: &Rejected) {
         let i = rej.kind.index();
-        if let Some(c) = self.rejected.get(i) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
+        self.rejected
+            .get_or_create(&vec![("reason", rej.kind.name().to_string())])
+            .inc();
         let now = Instant::now();
         let mut gates = self
             .gates
@@ -366,33 +399,11 @@ impl Preauth {
         );
     }
 
-    /// Prometheus text for the pre-`Hello` phase.
+    /// Prometheus text (format 0.0.4) for the pre-`Hello` phase.
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        s.push_str(
-            "# HELP millrace_preauth_waiting Executor connections waiting for their Hello.\n",
-        );
-        s.push_str("# TYPE millrace_preauth_waiting gauge\n");
-        s.push_str(&format!("millrace_preauth_waiting {}\n", self.waiting()));
-        s.push_str("# HELP millrace_preauth_admitted_total Connections whose Hello (with a valid token) went to the mill.\n");
-        s.push_str("# TYPE millrace_preauth_admitted_total counter\n");
-        s.push_str(&format!(
-            "millrace_preauth_admitted_total {}\n",
-            self.admitted.load(Ordering::Relaxed)
-        ));
-        s.push_str("# HELP millrace_preauth_rejected_total Connections closed before their Hello was accepted, by reason.\n");
-        s.push_str("# TYPE millrace_preauth_rejected_total counter\n");
-        for r in Reject::ALL {
-            let n = self
-                .rejected
-                .get(r.index())
-                .map_or(0, |c| c.load(Ordering::Relaxed));
-            s.push_str(&format!(
-                "millrace_preauth_rejected_total{{reason=\"{}\"}} {n}\n",
-                r.name()
-            ));
-        }
-        s
+        self.waiting_gauge
+            .set(i64::try_from(self.waiting()).unwrap_or(i64::MAX));
+        crate::metrics::encode(&self.registry)
     }
 }
 

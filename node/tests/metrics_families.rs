@@ -73,3 +73,43 @@ fn metrics_keep_their_family_names_types_and_labels() {
         "classic text format, no OpenMetrics trailer\n{now}"
     );
 }
+
+/// `promtool check metrics` accepts the exposition (issue 18 item 3). promtool ships in the
+/// Debian package `prometheus`; CI does not install it, so without it the test says so and
+/// checks nothing else.
+#[test]
+fn promtool_accepts_the_exposition_when_present() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!("skipped: promtool is not on PATH (Debian package `prometheus` ships it)");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (mill, _exec) = common::start_mill_and_x1(root.path(), &[], 0, 2);
+    let job = mill.api.submit(&json!({"command": "echo ok"}));
+    assert_eq!(mill.api.wait_done(job)["state"], "success");
+    let (s, text) = mill.api.get_raw("/metrics", true);
+    assert_eq!(s, 200, "{text}");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}\n{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
