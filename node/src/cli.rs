@@ -77,6 +77,9 @@ pub enum Cmd {
     },
     /// Print the man page (roff): `millrace man > millrace.1; man ./millrace.1`.
     Man,
+    /// Print the HTTP API's OpenAPI 3.1 document (what `GET /v1/openapi.json` serves):
+    /// `millrace openapi > docs/openapi.json`.
+    Openapi,
 }
 
 /// Writes the completion script for `shell` (generated from the CLI's own definition, so it

@@ -21,8 +21,8 @@ use millrace_core::job::{
 use millrace_core::mill::{RequestError, Submitted};
 use millrace_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
+use utoipa::ToSchema;
 
 use crate::live::{base64_encode, gap_marker, Gap, GapReason, LiveLogs, Piece};
 use crate::logs::{read_stored, Ending, ReadError};
@@ -97,11 +97,22 @@ impl ApiError {
     }
 }
 
+/// Every error answer of the API: what went wrong, for people, and the request field it
+/// names (a body field such as `jobs[3].command`, a query parameter, a header, `body`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
+    /// The field of the request that was wrong, when one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = match self.field {
-            Some(f) => json!({"error": self.error, "field": f}),
-            None => json!({"error": self.error}),
+        let body = ErrorBody {
+            error: self.error,
+            field: self.field,
         };
         (self.status, Json(body)).into_response()
     }
@@ -301,6 +312,7 @@ pub fn router(api: Api, limits: &HttpLimits) -> Router {
         .layer(middleware::from_fn_with_state(api.clone(), auth));
     Router::new()
         .route("/health", get(health))
+        .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .merge(protected)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -351,8 +363,22 @@ async fn auth(State(api): State<Api>, req: Request, next: Next) -> Response {
 
 /// Open: a load balancer or a standby's operator asks it. A leading mill says so and its
 /// term; a standby (`crate::standby`) answers `role: standby` and names the leader.
-async fn health(State(api): State<Api>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "role": "leader", "term": api.term}))
+#[utoipa::path(
+    get,
+    path = "/health",
+    operation_id = "health",
+    summary = "Liveness and role; no token needed",
+    responses(
+        (status = 200, description = "A leading mill.", body = Health),
+    ),
+    security(())
+)]
+pub(crate) async fn health(State(api): State<Api>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        role: "leader".into(),
+        term: api.term,
+    })
 }
 
 async fn read<T: Send + 'static>(
@@ -370,14 +396,52 @@ async fn read<T: Send + 'static>(
     .map_err(|_| ApiError::unavailable())?
 }
 
+/// The errors every route behind the token may answer (OpenAPI document, issue 18 item 1).
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "a description of answers for the document, never built"
+)]
+pub(crate) enum AuthErrors {
+    /// No or a wrong bearer token (or web UI session cookie).
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// A request with the web UI's session cookie that changes state lacks the header
+    /// X-Millrace-UI: 1 (CSRF guard).
+    #[response(status = 403)]
+    NoCsrfHeader(ErrorBody),
+    /// The request target is longer than 8 KiB.
+    #[response(status = 414)]
+    UriTooLong(ErrorBody),
+    /// The mill is shutting down, or a store read failed.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
+/// The errors of reading a request body (OpenAPI document).
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "a description of answers for the document, never built"
+)]
+pub(crate) enum BodyErrors {
+    /// The body did not arrive within --http-body-timeout.
+    #[response(status = 408)]
+    Slow(ErrorBody),
+    /// The body is larger than 512 KiB.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+}
+
 /// A job submission.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
     /// Shell command (`sh -c`).
     pub command: String,
     /// Engine; default `shell`.
     #[serde(default = "default_engine")]
+    #[schema(default = "shell")]
     pub engine: String,
     /// Labels the executor must hold.
     #[serde(default)]
@@ -387,9 +451,11 @@ pub struct SubmitBody {
     pub resources: BTreeMap<String, u64>,
     /// Quota owner; default `default`.
     #[serde(default = "default_scope")]
+    #[schema(default = "default")]
     pub owner: String,
     /// Quota repo; default `default`.
     #[serde(default = "default_scope")]
+    #[schema(default = "default")]
     pub repo: String,
     /// Timeout in seconds; default the mill's `job_timeout`.
     #[serde(default)]
@@ -403,6 +469,7 @@ pub struct SubmitBody {
     /// Which ends retry (`executor_lost`, `executor_restarted`, `no_longer_has_job`,
     /// `failed`); default the first three.
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::retry_on_set)]
     pub retry_on: Option<BTreeSet<RetryOn>>,
     /// Among the owner's waiting jobs, higher goes first (M33); default 0.
     #[serde(default)]
@@ -567,7 +634,26 @@ fn spec_of(api: &Api, b: SubmitBody, at: &str) -> Result<JobSpec, ApiError> {
     Ok(spec)
 }
 
-async fn submit(
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    operation_id = "submit_job",
+    summary = "Submit a job",
+    request_body(content = SubmitBody, description = "The job."),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
+    ),
+    responses(
+        (status = 201, description = "Taken, durable before this answer (M1).", body = SubmitAnswer),
+        (status = 200, description = "The Idempotency-Key named an earlier job: its id (M31).", body = SubmitAnswer),
+        (status = 400, description = "A field is wrong (named in `field`).", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for a different job, or the mill refused it.", body = ErrorBody),
+        BodyErrors,
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn submit(
     State(api): State<Api>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -588,15 +674,68 @@ async fn submit(
 
 /// How a job the mill took is answered: 201 with its id (and the unplaceable warning), or
 /// 200 `existing` for an idempotency key's earlier job (M31: nothing new was stored).
-fn submitted(s: &Submitted, warning: Option<String>) -> (StatusCode, serde_json::Value) {
+fn submitted(s: &Submitted, warning: Option<String>) -> (StatusCode, SubmitAnswer) {
+    let id = s.job.get();
     match warning {
-        _ if !s.created => (StatusCode::OK, json!({"id": s.job.get(), "existing": true})),
-        Some(w) => (
-            StatusCode::CREATED,
-            json!({"id": s.job.get(), "warning": w}),
+        _ if !s.created => (
+            StatusCode::OK,
+            SubmitAnswer {
+                id,
+                existing: Some(true),
+                warning: None,
+            },
         ),
-        None => (StatusCode::CREATED, json!({"id": s.job.get()})),
+        warning => (
+            StatusCode::CREATED,
+            SubmitAnswer {
+                id,
+                existing: None,
+                warning,
+            },
+        ),
     }
+}
+
+/// The answer to a job the mill took (`POST /v1/jobs`, and each taken job of a batch).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SubmitAnswer {
+    /// The job's id.
+    pub id: u64,
+    /// `true` when an `Idempotency-Key` named an earlier job: that job's id, nothing new was
+    /// stored (M31).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub existing: Option<bool>,
+    /// Set when no executor the mill knows can run it (the job waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// One job of a batch the mill refused (the jobs before it stand).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchRefusal {
+    /// Why.
+    pub error: String,
+    /// The status `POST /v1/jobs` would have answered.
+    pub status: u16,
+    /// The field it names, if any.
+    pub field: Option<String>,
+}
+
+/// One position of a batch answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum BatchItem {
+    /// Taken (or an earlier job of its key).
+    Submitted(SubmitAnswer),
+    /// Refused.
+    Refused(BatchRefusal),
+}
+
+/// `POST /v1/jobs/batch`'s answer: one item per job, in order.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchAnswer {
+    /// The answers, in the order of the request's jobs.
+    pub jobs: Vec<BatchItem>,
 }
 
 /// How a submit the mill refused is answered.
@@ -619,7 +758,7 @@ fn refused(e: RequestError) -> ApiError {
 pub const MAX_BATCH: usize = 1000;
 
 /// A batch submission: jobs of one pipeline, durable together.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     /// The jobs, each as `POST /v1/jobs` takes it.
@@ -634,7 +773,24 @@ pub struct BatchBody {
 /// it), `{"id", "existing": true}` for a repeat, or `{"error", "status"}` if the mill refused
 /// that one (e.g. 503 past `max_pending`: the jobs before it stand). An `Idempotency-Key`
 /// header keys job `i` as `<key>#<i>` (M31), so a retried batch gets the same ids back.
-async fn submit_batch(
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/batch",
+    operation_id = "submit_batch",
+    summary = "Submit up to 1000 jobs, durable together",
+    request_body(content = BatchBody, description = "The jobs."),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
+    ),
+    responses(
+        (status = 200, description = "One answer per job, in order: taken (durable before this answer) or refused.", body = BatchAnswer),
+        (status = 400, description = "A job's field is wrong (named `jobs[i].field`); nothing was stored.", body = ErrorBody),
+        BodyErrors,
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn submit_batch(
     State(api): State<Api>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -672,17 +828,21 @@ async fn submit_batch(
         .submit_batch(items)
         .await
         .map_err(|_| ApiError::unavailable())?;
-    let jobs: Vec<serde_json::Value> = answers
+    let jobs: Vec<BatchItem> = answers
         .into_iter()
         .map(|a| match a {
-            Ok((s, warning)) => submitted(&s, warning).1,
+            Ok((s, warning)) => BatchItem::Submitted(submitted(&s, warning).1),
             Err(e) => {
                 let e = refused(e);
-                json!({"error": e.error, "status": e.status.as_u16(), "field": e.field})
+                BatchItem::Refused(BatchRefusal {
+                    error: e.error,
+                    status: e.status.as_u16(),
+                    field: e.field,
+                })
             }
         })
         .collect();
-    Ok((StatusCode::OK, Json(json!({ "jobs": jobs }))).into_response())
+    Ok((StatusCode::OK, Json(BatchAnswer { jobs })).into_response())
 }
 
 fn parse_job(id: &str) -> Result<JobId, ApiError> {
@@ -700,7 +860,7 @@ fn parse_job(id: &str) -> Result<JobId, ApiError> {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Serialize, Deserialize, Clone)]
+#[derive(Debug, Serialize, Deserialize, Clone, ToSchema)]
 pub struct JobView {
     /// Its id.
     pub id: u64,
@@ -738,10 +898,10 @@ pub struct JobView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
     /// The executor's log reference (path and sha256).
-    pub log: Option<serde_json::Value>,
+    pub log: Option<LogRefView>,
     /// Status history, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub history: Vec<serde_json::Value>,
+    pub history: Vec<HistoryView>,
     /// Attempts after the first its policy allows (M32).
     #[serde(default)]
     pub retries: u32,
@@ -772,6 +932,24 @@ pub struct JobView {
     pub quota_wait: Option<crate::quota_view::BlockedView>,
 }
 
+/// Where the executor keeps a job's log, and its digest.
+#[derive(Debug, Serialize, Deserialize, Clone, ToSchema)]
+pub struct LogRefView {
+    /// The path on the executor.
+    pub path: String,
+    /// `sha256:` and 64 lowercase hex digits.
+    pub hash: String,
+}
+
+/// One status-history entry of a job.
+#[derive(Debug, Serialize, Deserialize, Clone, ToSchema)]
+pub struct HistoryView {
+    /// The state entered.
+    pub state: String,
+    /// When (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
 fn view(row: &JobRow) -> JobView {
     let (node, lease, exit_code, error, log) = match &row.state {
         JobState::Queued => (None, None, None, None, None),
@@ -783,9 +961,10 @@ fn view(row: &JobRow) -> JobView {
             t.lease.map(|l| l.get()),
             t.exit_code,
             t.error.clone(),
-            t.log
-                .as_ref()
-                .map(|l| json!({"path": l.path, "hash": l.hash})),
+            t.log.as_ref().map(|l| LogRefView {
+                path: l.path.clone(),
+                hash: l.hash.clone(),
+            }),
         ),
     };
     JobView {
@@ -890,7 +1069,26 @@ pub fn unplaceable(
     ))
 }
 
-async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    operation_id = "get_job",
+    summary = "A job: state, attempts, history, why it waits",
+    params(
+        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+    ),
+    responses(
+        (status = 200, description = "The job.", body = JobView),
+        (status = 400, description = "`id` is not a job id.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn status(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let job = parse_job(&id)?;
     let (row, history, attempts) = read(&api, move |r| {
         Ok((r.job(job)?, r.history(job)?, r.attempts(job)?))
@@ -918,7 +1116,10 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> Result<Respon
     v.attempts = attempts;
     v.history = history
         .iter()
-        .map(|h| json!({"state": h.state.name(), "at_ms": h.at_ms}))
+        .map(|h| HistoryView {
+            state: h.state.name().to_string(),
+            at_ms: h.at_ms,
+        })
         .collect();
     Ok(Json(v).into_response())
 }
@@ -935,7 +1136,24 @@ const STATES: [&str; 9] = [
     "done",
 ];
 
-async fn list(
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    operation_id = "list_jobs",
+    summary = "List jobs, newest first",
+    params(
+        ("state" = Option<String>, Query, description = "Only jobs in this state: one of queued, reserved, running, success, failed, timeout, cancelled, active (not ended) or done (ended)."),
+        ("limit" = Option<u64>, Query, description = "Jobs per page (default 100; clamped to 1..=1000)."),
+        ("after" = Option<String>, Query, description = "Paging cursor: the `next` of the previous page (jobs older than this id)."),
+    ),
+    responses(
+        (status = 200, description = "A page of jobs.", body = JobList),
+        (status = 400, description = "A query parameter is wrong or unknown (named in `field`).", body = ErrorBody),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn list(
     State(api): State<Api>,
     q: Result<Query<BTreeMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -989,26 +1207,90 @@ async fn list(
     rows.truncate(limit);
     let jobs: Vec<JobView> = rows.iter().map(view).collect();
     let next = rows.last().filter(|_| more).map(|r| r.id.get());
-    Ok(match next {
-        Some(next) => Json(json!({ "jobs": jobs, "next": next })),
-        None => Json(json!({ "jobs": jobs })),
-    }
-    .into_response())
+    Ok(Json(JobList { jobs, next }).into_response())
 }
 
-async fn cancel(
+/// `GET /v1/jobs`'s answer: a page of jobs, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobList {
+    /// The page.
+    pub jobs: Vec<JobView>,
+    /// Present when there are more: pass it as `after` for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
+}
+
+/// `POST /v1/jobs/{id}/cancel`'s answer: the cancel is on its way (M20).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CancelAnswer {
+    /// The job.
+    pub id: u64,
+    /// Always `true`.
+    pub cancelling: bool,
+}
+
+/// `POST /v1/jobs/{id}/cancel`'s optional body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why, for the job's record; default "cancelled through the API".
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `GET /v1/nodes`'s answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeList {
+    /// Every executor the mill knows: connected, in grace or quarantined.
+    pub nodes: Vec<crate::mill_driver::NodeView>,
+}
+
+/// `POST /v1/nodes/{id}/quarantine/lift`'s answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LiftAnswer {
+    /// The node.
+    pub node: String,
+    /// Always `false`.
+    pub quarantined: bool,
+}
+
+/// `GET /health`'s answer from a leading mill.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+    /// `leader` (a standby answers `standby` with the leader it sees; DESIGN §10).
+    pub role: String,
+    /// The term this mill leads under (E13).
+    pub term: u64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    operation_id = "cancel_job",
+    summary = "Cancel a job (M26)",
+    request_body(content = Option<CancelBody>, description = "Optional: why."),
+    params(
+        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+    ),
+    responses(
+        (status = 202, description = "The cancel is on its way; the job ends `cancelled`.", body = CancelAnswer),
+        (status = 400, description = "`id` is not a job id, or the body is wrong.", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        (status = 409, description = "The job already ended.", body = ErrorBody),
+        BodyErrors,
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn cancel(
     State(api): State<Api>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
     let job = parse_job(&id)?;
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct CancelBody {
-        #[serde(default)]
-        reason: Option<String>,
-    }
     let reason = if body.is_empty() {
         None
     } else {
@@ -1021,7 +1303,10 @@ async fn cancel(
     match api.mill.cancel(job, reason).await {
         Ok(()) => Ok((
             StatusCode::ACCEPTED,
-            Json(json!({"id": job.get(), "cancelling": true})),
+            Json(CancelAnswer {
+                id: job.get(),
+                cancelling: true,
+            }),
         )
             .into_response()),
         Err(HandleError::Refused(RequestError::JobNotActive { .. })) => {
@@ -1039,15 +1324,41 @@ async fn cancel(
     }
 }
 
-async fn nodes(State(api): State<Api>) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/v1/nodes",
+    operation_id = "list_nodes",
+    summary = "Executors: seats, load, epoch, grace, quarantine",
+    responses(
+        (status = 200, description = "Every executor the mill knows.", body = NodeList),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn nodes(State(api): State<Api>) -> Result<Response, ApiError> {
     let nodes = api.mill.nodes().await.ok_or_else(ApiError::unavailable)?;
-    Ok(Json(json!({ "nodes": nodes })).into_response())
+    Ok(Json(NodeList { nodes }).into_response())
 }
 
 /// `GET /v1/quota[?limit=N]`: the limits in force, what each scope that holds or waits uses,
 /// and the jobs waiting for quota with what holds each up (§6, Q2, M15). Each list shows at
 /// most `limit` entries (default 100, at most 1,000) and says when it was cut.
-async fn quota(
+#[utoipa::path(
+    get,
+    path = "/v1/quota",
+    operation_id = "get_quota",
+    summary = "Quota limits, use and waiters (Q1-Q3, M15)",
+    params(
+        ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Entries per list (default 100)."),
+    ),
+    responses(
+        (status = 200, description = "The quota ledger.", body = crate::quota_view::QuotaView),
+        (status = 400, description = "`limit` is out of range, or an unknown query parameter.", body = ErrorBody),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn quota(
     State(api): State<Api>,
     q: Result<Query<BTreeMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -1085,17 +1396,51 @@ async fn quota(
     Ok(Json(view).into_response())
 }
 
-async fn lift(State(api): State<Api>, Path(id): Path<String>) -> Result<Response, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{id}/quarantine/lift",
+    operation_id = "lift_quarantine",
+    summary = "Lift an executor's quarantine",
+    params(
+        ("id" = String, Path, description = "The node id."),
+    ),
+    responses(
+        (status = 200, description = "Lifted.", body = LiftAnswer),
+        (status = 400, description = "`id` is not a valid node id.", body = ErrorBody),
+        (status = 409, description = "The node is not quarantined.", body = ErrorBody),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn lift(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let node = NodeId::new(id)
         .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.to_string(), "id"))?;
     match api.mill.lift(node.clone()).await {
-        Ok(()) => Ok(Json(json!({"node": node.to_string(), "quarantined": false})).into_response()),
+        Ok(()) => Ok(Json(LiftAnswer {
+            node: node.to_string(),
+            quarantined: false,
+        })
+        .into_response()),
         Err(HandleError::Refused(e)) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
         Err(HandleError::Unavailable) => Err(ApiError::unavailable()),
     }
 }
 
-async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    summary = "Prometheus metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
     let mut text = api.mill.metrics().await.ok_or_else(ApiError::unavailable)?;
     text.push_str(&api.preauth.render());
     Ok((
@@ -1109,7 +1454,8 @@ async fn metrics(State(api): State<Api>) -> Result<Response, ApiError> {
 }
 
 /// `GET /v1/jobs/{id}/log` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// Text stream: follow while the job runs (default true).
     pub follow: Option<bool>,
@@ -1140,7 +1486,27 @@ pub fn gap_line(g: &Gap) -> String {
     gap_marker(g.lost, reason)
 }
 
-async fn log(
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/log",
+    operation_id = "job_log",
+    summary = "A job's output: a text stream, or a cursor read (E15)",
+    params(
+        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+        LogQuery,
+    ),
+    responses(
+        (status = 200, description = "Without `cursor`: the output as text from offset 0 (following while the job runs unless follow=false), with a marker line per gap. With `cursor`: one JSON read.", content(
+            (String = "text/plain; charset=utf-8"),
+            (LogPiece = "application/json")
+        )),
+        (status = 400, description = "`id`, `cursor`, `max` or another query parameter is wrong (named in `field`).", body = ErrorBody),
+        (status = 404, description = "No such job.", body = ErrorBody),
+        AuthErrors,
+    ),
+    security(("bearer" = []), ("ui_session" = []))
+)]
+pub(crate) async fn log(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Result<Query<LogQuery>, QueryRejection>,
@@ -1243,16 +1609,35 @@ async fn cursor_read(
         news(&mut sub, job, wait).await;
         piece = read_piece(api, job, cursor, max).await?;
     }
-    let body = json!({
-        "cursor": cursor,
-        "next": piece.next,
-        "end": piece.end,
-        "gap": piece.gap,
-        "data": base64_encode(&piece.bytes),
-        "len": piece.bytes.len(),
-        "done": piece.done,
-    });
+    let body = LogPiece {
+        cursor,
+        next: piece.next,
+        end: piece.end,
+        gap: piece.gap,
+        data: base64_encode(&piece.bytes),
+        len: piece.bytes.len(),
+        done: piece.done,
+    };
     Ok(Json(body).into_response())
+}
+
+/// A cursor read of a job's output (E15).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LogPiece {
+    /// The cursor asked for.
+    pub cursor: u64,
+    /// Where the next read starts: `(gap.to or cursor) + len`.
+    pub next: u64,
+    /// The end of the output known so far.
+    pub end: u64,
+    /// Bytes skipped at `cursor`, if any.
+    pub gap: Option<Gap>,
+    /// Base64 of the bytes read.
+    pub data: String,
+    /// How many bytes `data` holds.
+    pub len: usize,
+    /// Whether the job has ended and this is the last of its output.
+    pub done: bool,
 }
 
 /// The text stream: the job's output from offset 0, with a marker line for each gap

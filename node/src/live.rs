@@ -43,7 +43,7 @@ impl Default for LiveLimits {
 }
 
 /// Why bytes of a job's output are not in a read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum GapReason {
     /// The mill held them and evicted them from its bounded live buffer.
@@ -56,7 +56,7 @@ pub enum GapReason {
 }
 
 /// Bytes a read skipped, `[from, to)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Gap {
     /// First offset missing (the cursor asked for).
     pub from: u64,

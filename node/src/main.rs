@@ -22,6 +22,7 @@ mod mill_driver;
 mod mill_store;
 mod net;
 mod node;
+mod openapi;
 mod pg_store;
 mod preauth;
 mod quota_view;
@@ -80,6 +81,7 @@ fn main() -> ExitCode {
             | Cmd::Demo(_)
             | Cmd::Completions { .. }
             | Cmd::Man
+            | Cmd::Openapi
     );
     if !quiet || std::env::var_os("RUST_LOG").is_some() {
         // A bench prints its own results; the mill's per-job lines would only cost time
@@ -128,6 +130,10 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Cmd::Openapi => {
+            print!("{}", openapi::document());
+            ExitCode::SUCCESS
+        }
         cmd => serve(cmd),
     }
 }

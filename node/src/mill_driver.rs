@@ -165,15 +165,17 @@ pub enum MillCmd {
 pub type SubmitAnswer = Result<(Submitted, Option<String>), RequestError>;
 
 /// One executor as `/v1/nodes` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct NodeView {
     /// Its node id.
     pub node: String,
     /// `ready` (takes work), `connected` (not ready yet: reconciling or cancels pending),
     /// `grace` (disconnected, leases kept) or `quarantined`.
+    #[schema(value_type = String)]
     pub state: &'static str,
     /// Its store epoch while it has a session, as a decimal string (u64 exceeds what JSON
     /// numbers keep exactly in many clients).
+    #[schema(pattern = "^[0-9]+$")]
     pub epoch: Option<String>,
     /// Labels it holds.
     pub labels: Vec<String>,

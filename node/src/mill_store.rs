@@ -960,7 +960,7 @@ mod u64_text {
 pub const MAX_ATTEMPT_ROWS: i64 = 100;
 
 /// One attempt of a job (M32), as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct AttemptRow {
     /// 1 for the first.
     pub attempt: u32,
@@ -971,6 +971,7 @@ pub struct AttemptRow {
     /// The executor's store epoch, as a decimal string in JSON like `/v1/nodes` shows it: a
     /// random u64 exceeds what JSON numbers keep exactly in browsers and many clients.
     #[serde(with = "u64_text")]
+    #[schema(value_type = String, pattern = "^[0-9]+$")]
     pub epoch: u64,
     /// When its lease was written (ms since the Unix epoch).
     pub started_at_ms: u64,

@@ -16,7 +16,7 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1000;
 
 /// `GET /v1/quota`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QuotaView {
     /// The limits in force, shaped like the config file's `[quota]`.
     pub limits: LimitsView,
@@ -35,7 +35,7 @@ pub struct QuotaView {
 }
 
 /// The configured limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LimitsView {
     /// Limits for every owner and every repo.
     pub defaults: DefaultsView,
@@ -52,7 +52,7 @@ pub struct LimitsView {
 }
 
 /// `[quota.defaults]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DefaultsView {
     /// `[quota.defaults.owner]`.
     pub owner: Resources,
@@ -61,7 +61,7 @@ pub struct DefaultsView {
 }
 
 /// One scope that holds or waits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ScopeView {
     /// `owner` or `repo`.
     pub kind: String,
@@ -77,7 +77,7 @@ pub struct ScopeView {
 }
 
 /// One job waiting for quota.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WaiterView {
     /// The job.
     pub job: u64,
@@ -92,7 +92,7 @@ pub struct WaiterView {
 }
 
 /// What holds a waiting job up (Q2).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BlockedView {
     /// A scope's limit of a resource is used up.

@@ -251,7 +251,18 @@ fn html(status: StatusCode, body: String) -> Response {
         .into_response()
 }
 
-async fn to_jobs() -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui",
+    operation_id = "ui_root",
+    tag = "web UI",
+    summary = "Redirects to /ui/jobs",
+    responses(
+        (status = 303, description = "To /ui/jobs.", headers(("Location" = String))),
+    ),
+    security(())
+)]
+pub(crate) async fn to_jobs() -> Response {
     see_other("/ui/jobs")
 }
 
@@ -260,18 +271,48 @@ fn login_form(status: StatusCode, message: &str) -> Response {
     html(status, LOGIN.replace("{{message}}", message))
 }
 
-async fn login_page() -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/login",
+    operation_id = "ui_login_page",
+    tag = "web UI",
+    summary = "The login form",
+    responses(
+        (status = 200, description = "The form.", content_type = "text/html; charset=utf-8", body = String),
+    ),
+    security(())
+)]
+pub(crate) async fn login_page() -> Response {
     login_form(StatusCode::OK, "")
 }
 
 /// The login form's fields.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct LoginForm {
     /// The API token.
     pub token: String,
 }
 
-async fn login(State(api): State<Api>, form: Result<Form<LoginForm>, FormRejection>) -> Response {
+#[utoipa::path(
+    post,
+    path = "/ui/login",
+    operation_id = "ui_login",
+    tag = "web UI",
+    summary = "Log in with the API token; sets an HttpOnly session cookie",
+    request_body(content = LoginForm, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 303, description = "Logged in: to /ui/jobs, with Set-Cookie.", headers(("Location" = String), ("Set-Cookie" = String))),
+        (status = 400, description = "The form lacks `token`.", content_type = "text/html; charset=utf-8", body = String),
+        (status = 401, description = "Wrong token.", content_type = "text/html; charset=utf-8", body = String),
+        (status = 413, description = "The form is larger than 4 KiB.", content_type = "text/html; charset=utf-8", body = String),
+        (status = 503, description = "No session id could be made.", content_type = "text/html; charset=utf-8", body = String),
+    ),
+    security(())
+)]
+pub(crate) async fn login(
+    State(api): State<Api>,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
     let form = match form {
         Ok(Form(form)) => form,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -311,7 +352,19 @@ async fn login(State(api): State<Api>, form: Result<Form<LoginForm>, FormRejecti
 }
 
 /// `POST /ui/logout` with the session cookie and [`CSRF_HEADER`]: ends the session.
-async fn logout(State(api): State<Api>, req: Request) -> Response {
+#[utoipa::path(
+    post,
+    path = "/ui/logout",
+    operation_id = "ui_logout",
+    tag = "web UI",
+    summary = "Ends the web UI session",
+    responses(
+        (status = 204, description = "Ended; the cookie is cleared."),
+        (status = 403, description = "The X-Millrace-UI: 1 header is missing (CSRF guard).", content_type = "text/plain; charset=utf-8", body = String),
+    ),
+    security(())
+)]
+pub(crate) async fn logout(State(api): State<Api>, req: Request) -> Response {
     let headers = req.headers();
     if !csrf_header(headers) {
         return (
@@ -339,19 +392,69 @@ fn page(api: &Api, headers: &HeaderMap, name: &'static str) -> Response {
     }
 }
 
-async fn jobs_page(State(api): State<Api>, headers: HeaderMap) -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/jobs",
+    operation_id = "ui_jobs",
+    tag = "web UI",
+    summary = "The jobs page",
+    responses(
+        (status = 200, description = "The page (its data comes from the API by script).", content_type = "text/html; charset=utf-8", body = String),
+        (status = 303, description = "To /ui/login without a session (or from /ui to /ui/jobs).", headers(("Location" = String))),
+    ),
+    security(())
+)]
+pub(crate) async fn jobs_page(State(api): State<Api>, headers: HeaderMap) -> Response {
     page(&api, &headers, "jobs")
 }
 
-async fn job_page(State(api): State<Api>, headers: HeaderMap) -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/jobs/{id}",
+    operation_id = "ui_job",
+    tag = "web UI",
+    summary = "A job's page",
+    params(
+        ("id" = String, Path, description = "A job id."),
+    ),
+    responses(
+        (status = 200, description = "The page (its data comes from the API by script).", content_type = "text/html; charset=utf-8", body = String),
+        (status = 303, description = "To /ui/login without a session (or from /ui to /ui/jobs).", headers(("Location" = String))),
+    ),
+    security(())
+)]
+pub(crate) async fn job_page(State(api): State<Api>, headers: HeaderMap) -> Response {
     page(&api, &headers, "job")
 }
 
-async fn nodes_page(State(api): State<Api>, headers: HeaderMap) -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/nodes",
+    operation_id = "ui_nodes",
+    tag = "web UI",
+    summary = "The nodes page",
+    responses(
+        (status = 200, description = "The page (its data comes from the API by script).", content_type = "text/html; charset=utf-8", body = String),
+        (status = 303, description = "To /ui/login without a session (or from /ui to /ui/jobs).", headers(("Location" = String))),
+    ),
+    security(())
+)]
+pub(crate) async fn nodes_page(State(api): State<Api>, headers: HeaderMap) -> Response {
     page(&api, &headers, "nodes")
 }
 
-async fn app_js() -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/app.js",
+    operation_id = "ui_app_js",
+    tag = "web UI",
+    summary = "The pages' script",
+    responses(
+        (status = 200, description = "JavaScript.", content_type = "text/javascript; charset=utf-8", body = String),
+    ),
+    security(())
+)]
+pub(crate) async fn app_js() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         APP_JS,
@@ -359,7 +462,18 @@ async fn app_js() -> Response {
         .into_response()
 }
 
-async fn style() -> Response {
+#[utoipa::path(
+    get,
+    path = "/ui/style.css",
+    operation_id = "ui_style",
+    tag = "web UI",
+    summary = "The pages' style sheet",
+    responses(
+        (status = 200, description = "CSS.", content_type = "text/css; charset=utf-8", body = String),
+    ),
+    security(())
+)]
+pub(crate) async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
 }
 
