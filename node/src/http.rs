@@ -437,34 +437,52 @@ pub(crate) enum BodyErrors {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
-    /// Shell command (`sh -c`).
+    /// Shell command (`sh -c`): not blank, no control characters but tab and line breaks.
+    #[schema(
+        min_length = 1,
+        max_length = 262144,
+        pattern = r"^[\t\n\r ]*[^\u0000-\u0020\u007f-\u009f][^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$"
+    )]
     pub command: String,
     /// Engine; default `shell`.
     #[serde(default = "default_engine")]
-    #[schema(default = "shell")]
+    #[schema(default = "shell", pattern = "^[!-~]{1,64}$")]
     pub engine: String,
-    /// Labels the executor must hold.
+    /// Labels the executor must hold (at most 32, each 1 to 64 printable ASCII characters).
     #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::Name>, max_items = 32)]
     pub labels: BTreeSet<String>,
-    /// Resources asked for.
+    /// Resources asked for: at most 32, each 1 to 2^53 (M14).
     #[serde(default)]
+    #[schema(value_type = BTreeMap<crate::openapi::Name, crate::openapi::Amount>)]
     pub resources: BTreeMap<String, u64>,
     /// Quota owner; default `default`.
     #[serde(default = "default_scope")]
-    #[schema(default = "default")]
+    #[schema(
+        default = "default",
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,256}$"
+    )]
     pub owner: String,
     /// Quota repo; default `default`.
     #[serde(default = "default_scope")]
-    #[schema(default = "default")]
+    #[schema(
+        default = "default",
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,256}$"
+    )]
     pub repo: String,
-    /// Timeout in seconds; default the mill's `job_timeout`.
+    /// Timeout in seconds, at most the mill's `--max-job-timeout`; default its
+    /// `--job-timeout`.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub timeout_secs: Option<u64>,
-    /// Environment for the job's process (issue 13 item 6).
+    /// Environment for the job's process (issue 13 item 6): at most 64 variables, names
+    /// `[A-Za-z_][A-Za-z0-9_]*` not starting `MILLRACE_`, 32 KiB in all.
     #[serde(default)]
+    #[schema(value_type = BTreeMap<crate::openapi::EnvName, String>)]
     pub env: BTreeMap<String, String>,
-    /// Attempts after the first (M32); default 0.
+    /// Attempts after the first (M32); default 0, at most 20.
     #[serde(default)]
+    #[schema(maximum = 20)]
     pub retries: u32,
     /// Which ends retry (`executor_lost`, `executor_restarted`, `no_longer_has_job`,
     /// `failed`); default the first three.
@@ -476,6 +494,7 @@ pub struct SubmitBody {
     pub priority: i32,
     /// The one executor (node id) it may run on (M34); default any.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub node: Option<String>,
 }
 
@@ -641,7 +660,7 @@ fn spec_of(api: &Api, b: SubmitBody, at: &str) -> Result<JobSpec, ApiError> {
     summary = "Submit a job",
     request_body(content = SubmitBody, description = "The job."),
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
+        ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,256}$", description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
     ),
     responses(
         (status = 201, description = "Taken, durable before this answer (M1).", body = SubmitAnswer),
@@ -761,7 +780,8 @@ pub const MAX_BATCH: usize = 1000;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
-    /// The jobs, each as `POST /v1/jobs` takes it.
+    /// The jobs, each as `POST /v1/jobs` takes it: 1 to 1000.
+    #[schema(min_items = 1, max_items = 1000)]
     pub jobs: Vec<SubmitBody>,
 }
 
@@ -780,7 +800,7 @@ pub struct BatchBody {
     summary = "Submit up to 1000 jobs, durable together",
     request_body(content = BatchBody, description = "The jobs."),
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
+        ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,256}$", description = "Makes retries safe (M31): the same key and body answer the first job again; 1 to 256 printable ASCII characters (0x21-0x7e)."),
     ),
     responses(
         (status = 200, description = "One answer per job, in order: taken (durable before this answer) or refused.", body = BatchAnswer),
@@ -1075,7 +1095,7 @@ pub fn unplaceable(
     operation_id = "get_job",
     summary = "A job: state, attempts, history, why it waits",
     params(
-        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+        ("id" = String, Path, pattern = "^j?[0-9]{1,19}$", description = "A job id: `j12` or `12`."),
     ),
     responses(
         (status = 200, description = "The job.", body = JobView),
@@ -1233,8 +1253,10 @@ pub struct CancelAnswer {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
-    /// Why, for the job's record; default "cancelled through the API".
+    /// Why, for the job's record (no control characters); default "cancelled through the
+    /// API".
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub reason: Option<String>,
 }
 
@@ -1272,7 +1294,7 @@ pub struct Health {
     summary = "Cancel a job (M26)",
     request_body(content = Option<CancelBody>, description = "Optional: why."),
     params(
-        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+        ("id" = String, Path, pattern = "^j?[0-9]{1,19}$", description = "A job id: `j12` or `12`."),
     ),
     responses(
         (status = 202, description = "The cancel is on its way; the job ends `cancelled`.", body = CancelAnswer),
@@ -1402,7 +1424,7 @@ pub(crate) async fn quota(
     operation_id = "lift_quarantine",
     summary = "Lift an executor's quarantine",
     params(
-        ("id" = String, Path, description = "The node id."),
+        ("id" = String, Path, pattern = "^[A-Za-z0-9._-]{1,128}$", description = "The node id."),
     ),
     responses(
         (status = 200, description = "Lifted.", body = LiftAnswer),
@@ -1492,7 +1514,7 @@ pub fn gap_line(g: &Gap) -> String {
     operation_id = "job_log",
     summary = "A job's output: a text stream, or a cursor read (E15)",
     params(
-        ("id" = String, Path, description = "A job id: `j12` or `12`."),
+        ("id" = String, Path, pattern = "^j?[0-9]{1,19}$", description = "A job id: `j12` or `12`."),
         LogQuery,
     ),
     responses(

@@ -8,9 +8,10 @@
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use millrace_core::job::RetryOn;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::RefOr;
+use utoipa::openapi::{HttpMethod, RefOr};
 use utoipa::{Modify, OpenApi};
 
 use crate::http;
@@ -47,7 +48,7 @@ use crate::ui;
         ui::style,
     ),
     components(schemas(http::ErrorBody)),
-    modifiers(&Security),
+    modifiers(&Security, &Links),
     tags((name = "web UI", description = "The browser pages (issue 18 item 2): HTML, behind a login form; not for programs."))
 )]
 struct ApiDoc;
@@ -77,6 +78,42 @@ impl Modify for Security {
     }
 }
 
+/// OpenAPI links from the answers that name a job to the operations on it, so a client (and
+/// schemathesis's stateful phase) can follow a submitted job: status, log, cancel.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let on_job = |id: &str| {
+            [
+                ("get_job", "GetJob"),
+                ("job_log", "JobLog"),
+                ("cancel_job", "CancelJob"),
+            ]
+            .map(|(op, name)| {
+                let link = LinkBuilder::new()
+                    .operation_id(op)
+                    .parameter("id", id)
+                    .build();
+                (name.to_string(), RefOr::T(link))
+            })
+        };
+        let targets = [
+            ("/v1/jobs", HttpMethod::Post, "201", "$response.body#/id"),
+            ("/v1/jobs", HttpMethod::Post, "200", "$response.body#/id"),
+        ];
+        for (path, method, status, id) in targets {
+            let op = doc.paths.paths.get_mut(path).and_then(|item| match method {
+                HttpMethod::Post => item.post.as_mut(),
+                _ => item.get.as_mut(),
+            });
+            if let Some(RefOr::T(resp)) = op.and_then(|op| op.responses.responses.get_mut(status)) {
+                resp.links.extend(on_job(id));
+            }
+        }
+    }
+}
+
 /// `retry_on`: a set of the stable names of [`RetryOn`], taken from the type itself.
 pub fn retry_on_set() -> impl Into<RefOr<Schema>> {
     let names: Vec<&str> = RetryOn::ALL.iter().map(|r| r.name()).collect();
@@ -95,6 +132,23 @@ pub fn retry_on_set() -> impl Into<RefOr<Schema>> {
             "Which ends retry; default executor_lost, executor_restarted, no_longer_has_job (M32).",
         ))
 }
+
+/// A label, engine or resource name (`valid_name` in core): 1 to 64 printable ASCII
+/// characters.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, pattern = "^[!-~]{1,64}$")]
+pub struct Name(#[allow(dead_code, reason = "a schema only")] String);
+
+/// A resource amount (M14): 1 to 2^53.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = u64, minimum = 1, maximum = 9007199254740992_u64)]
+pub struct Amount(#[allow(dead_code, reason = "a schema only")] u64);
+
+/// An environment variable's name: `[A-Za-z_][A-Za-z0-9_]*`, at most 256 bytes, not starting
+/// `MILLRACE_` (names millrace sets itself).
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, pattern = "^(?!MILLRACE_)[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+pub struct EnvName(#[allow(dead_code, reason = "a schema only")] String);
 
 /// The document, as pretty JSON with a final newline (the form checked in).
 pub fn document() -> String {

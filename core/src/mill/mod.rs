@@ -102,7 +102,7 @@ pub enum RequestError {
         node: NodeId,
     },
     /// The idempotency key was used for a different spec (M31).
-    #[error("Idempotency-Key {key:?} was already used for job {job} with a different spec")]
+    #[error("Idempotency-Key \"{key}\" was already used for job {job} with a different spec")]
     KeyConflict {
         /// The key.
         key: IdempotencyKey,
