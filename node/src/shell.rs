@@ -276,11 +276,15 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Greets a live supervisor with this executor's epoch and asks it to stop (blocking, with
-/// timeouts). `Err` when no supervisor listens.
+/// timeouts). `Err` only when no supervisor listens: once one has accepted, its directory is
+/// its own, whatever happens to the greeting after that. (The supervisor answers a foreign
+/// epoch's `Hello` with `Refused` and closes the connection, stopping its job by itself; a
+/// `Stop` written after that fails with EPIPE. Counting that failure as "no supervisor"
+/// once removed the directory of a live supervisor, which then could not write its exit
+/// record.)
 fn stop_foreign(dir: &Path, epoch: Epoch, lease: LeaseId, grace: Duration) -> std::io::Result<()> {
     use std::io::Write;
     let mut s = std::os::unix::net::UnixStream::connect(supervisor::socket_path(dir))?;
-    s.set_write_timeout(Some(ATTACH_TIMEOUT))?;
     let hello = ToSupervisor::Hello {
         version: supervisor::PROTOCOL,
         epoch: epoch.get(),
@@ -289,9 +293,22 @@ fn stop_foreign(dir: &Path, epoch: Epoch, lease: LeaseId, grace: Duration) -> st
     let stop = ToSupervisor::Stop {
         grace_ms: millis(grace),
     };
+    let mut frames = Vec::new();
     for msg in [hello, stop] {
-        let frame = supervisor::encode(&msg).map_err(std::io::Error::other)?;
-        s.write_all(&frame)?;
+        match supervisor::encode(&msg) {
+            Ok(frame) => frames.extend_from_slice(&frame),
+            Err(e) => {
+                tracing::warn!(%lease, error = %e, "cannot encode a message to a foreign supervisor")
+            }
+        }
+    }
+    // One write for both frames; its failure leaves the supervisor alive and its directory
+    // in place (see above).
+    let sent = s
+        .set_write_timeout(Some(ATTACH_TIMEOUT))
+        .and_then(|()| s.write_all(&frames));
+    if let Err(e) = sent {
+        tracing::warn!(%lease, error = %e, "a foreign supervisor closed before the stop request; its Hello already stops it (E14)");
     }
     Ok(())
 }
@@ -748,6 +765,33 @@ mod legacy {
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+
+    /// E14: the sweep of a wiped store removes a job directory only when no supervisor
+    /// listens there. One that accepts and hangs up at once (as a real one does after
+    /// refusing a foreign epoch) keeps its directory, where its exit record goes.
+    #[test]
+    fn e14_sweep_keeps_the_directory_of_a_supervisor_that_hangs_up() {
+        let data = tempfile::tempdir().unwrap();
+        let live = data.path().join("jobs").join("7");
+        let dead = data.path().join("jobs").join("8");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::create_dir_all(&dead).unwrap();
+        let listener =
+            std::os::unix::net::UnixListener::bind(supervisor::socket_path(&live)).unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            s.shutdown(std::net::Shutdown::Both).unwrap();
+        });
+        ShellEngine::sweep_foreign(
+            data.path(),
+            Epoch(9),
+            &BTreeSet::new(),
+            Duration::from_secs(1),
+        );
+        server.join().unwrap();
+        assert!(live.exists(), "a live supervisor's directory stays");
+        assert!(!dead.exists(), "a directory with no supervisor goes");
+    }
 
     #[test]
     fn m25_log_hash_is_lowercase_sha256_hex() {

@@ -168,7 +168,7 @@ impl Cluster {
 
     /// Waits until slot `n` leads; its term.
     fn wait_leader(&self, n: usize) -> u64 {
-        wait_for(&format!("mill {n} to lead"), || {
+        self.wait(&format!("mill {n} to lead"), || {
             let h = self.health(n);
             (h["role"] == "leader")
                 .then(|| h["term"].as_u64())
@@ -178,7 +178,7 @@ impl Cluster {
 
     /// Waits until slot `n` stands by; its `/health`.
     fn wait_standby(&self, n: usize) -> Value {
-        wait_for(&format!("mill {n} to stand by"), || {
+        self.wait(&format!("mill {n} to stand by"), || {
             let h = self.health(n);
             (h["role"] == "standby" && h["leader"]["term"].is_u64()).then_some(h)
         })

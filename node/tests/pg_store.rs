@@ -15,11 +15,7 @@ fn pg_mill_runs_jobs_and_keeps_them_across_a_restart() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::pg::free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut extra = strings(&["--store", &pg.url_of("postgres"), "--bid-timeout", "1s"]);
     extra.extend(timing("3s", "1s"));

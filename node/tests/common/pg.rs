@@ -71,12 +71,33 @@ fn server_user() -> Option<nix::unistd::User> {
 }
 
 /// A loopback port nothing listens on now.
+/// A loopback port that was free a moment ago, for a server started next.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`, 32768–60999 by
+/// default), never from it: a port the kernel hands out for `bind(0)` is also where it picks
+/// the source ports of outgoing connections, so under load a client connection could take
+/// it before the server binds (a failover test once waited 60 s for a mill that had failed
+/// to bind its fixed port). Tests in one process never get the same port twice; the start
+/// depends on the pid so parallel test binaries spread out.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() * 97) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = u16::try_from(LOW + n % SPAN).unwrap();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN);
 }
 
 fn command(bin: &Path, program: &str, user: Option<&nix::unistd::User>, cwd: &Path) -> Command {
