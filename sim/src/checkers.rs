@@ -11,7 +11,6 @@
 //! an executor appended), the checker records it from the outputs it is shown.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use millrace_core::executor::{ExecutorBatch, ExecutorWrite};
 use millrace_core::job::{
@@ -30,20 +29,7 @@ use crate::scenario::{Micros, SEC};
 use crate::trace::secs;
 use crate::world::World;
 
-/// A broken rule: which, and what happened, with the ids involved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    /// The invariant or rule (`I1`…`I10`, `persist-before-send`).
-    pub rule: &'static str,
-    /// What happened.
-    pub message: String,
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.rule, self.message)
-    }
-}
+pub use crate::types::Violation;
 
 fn fail<T>(rule: &'static str, message: String) -> Result<T, Violation> {
     Err(Violation { rule, message })

@@ -38,6 +38,7 @@ pub mod scenario_file;
 pub mod shrink;
 pub mod timeline;
 pub mod trace;
+pub mod types;
 pub mod watch;
 pub mod workload;
 pub mod world;

@@ -369,6 +369,18 @@ pub fn embedded() -> Result<Vec<Scenario>, LoadError> {
         .collect()
 }
 
+/// Every scenario of the library (the files embedded at build time). Moved here from
+/// `scenario` with `scenario(name)` so that `scenario` does not import this module.
+/// Panics if one does not load: `cargo test -p sim` loads them all first.
+pub fn scenarios() -> Vec<Scenario> {
+    embedded().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Looks a scenario of the library up by name.
+pub fn scenario(name: &str) -> Option<Scenario> {
+    scenarios().into_iter().find(|s| s.name == name)
+}
+
 /// The leading comment of each embedded file: (name, comment lines).
 pub fn embedded_texts() -> impl Iterator<Item = (&'static str, &'static str)> {
     embedded_files::EMBEDDED.iter().map(|(n, _, t)| (*n, *t))
@@ -1401,5 +1413,39 @@ reach = ["commit-resent"]
         for (name, text) in embedded_texts() {
             assert!(text.starts_with('#'), "{name}: no leading comment");
         }
+    }
+}
+
+#[cfg(test)]
+mod library_tests {
+    use super::*;
+    use crate::scenario::SeedPlan;
+
+    #[test]
+    fn every_scenario_has_a_valid_mill_config_and_unique_name() {
+        let all = scenarios();
+        for s in &all {
+            assert!(s.mill_config().validate().is_ok(), "{}", s.name);
+            assert!(!s.about.is_empty(), "{}", s.name);
+            assert_eq!(all.iter().filter(|o| o.name == s.name).count(), 1);
+        }
+    }
+
+    #[test]
+    fn swarm_leaves_at_least_one_family_off() {
+        let s = scenario("smoke").unwrap();
+        for seed in 0..200 {
+            let plan = SeedPlan::new(&s, seed);
+            assert!(Family::ALL.iter().any(|f| !plan.swarm.has(*f)));
+        }
+    }
+
+    #[test]
+    fn plans_are_a_function_of_the_seed() {
+        let s = scenario("fleet-5x1000").unwrap();
+        let a = SeedPlan::new(&s, 42);
+        let b = SeedPlan::new(&s, 42);
+        assert_eq!(a.swarm, b.swarm);
+        assert_eq!(a.faults, b.faults);
     }
 }

@@ -213,7 +213,7 @@ pub struct Sim {
     /// Per-job submit, placement and terminal times (latency and quality reports).
     pub times: crate::latency::JobTimes,
     /// Exact job durations instead of the engine model's (placement-quality runs).
-    pub durations: Option<crate::quality::Durations>,
+    pub durations: Option<crate::workload::Durations>,
     /// Driver lag in force, by slot (0: the mill; i + 1: executor i).
     lag: Vec<Option<LagWindow>>,
     /// The due `Tick` each lagging driver holds back, by slot.
