@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const SEEDS: u64 = 4;
 
 fn fleet_5x1000(c: &mut Criterion) {
-    let Some(scenario) = sim::scenario::scenario("fleet-5x1000") else {
+    let Some(scenario) = sim::scenario_file::scenario("fleet-5x1000") else {
         panic!("the fleet-5x1000 scenario is gone");
     };
     let mut group = c.benchmark_group("sim_throughput");

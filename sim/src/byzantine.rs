@@ -22,7 +22,7 @@ use millrace_core::wire::{EndCause, Event, EventKind, ToExecutor, ToMill};
 use millrace_core::{ConnId, Epoch, LeaseId, Resources, Seqno};
 
 use crate::rng::Rng;
-use crate::scenario::{Micros, SEC};
+use crate::types::{Micros, SEC};
 
 /// Which violation a misbehaving executor commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

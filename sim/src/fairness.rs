@@ -8,7 +8,8 @@ use millrace_core::quota::QuotaConfig;
 
 use crate::driver::Sim;
 use crate::quality::{fleet, job, Durations};
-use crate::scenario::{scenario, Micros, SEC};
+use crate::scenario::{Micros, SEC};
+use crate::scenario_file::scenario;
 use crate::trace::Trace;
 use crate::workload::{Arrival, Workload};
 

@@ -12,11 +12,12 @@
 //! watch every step; after the fault window the network heals and every job must end
 //! (liveness). A failing seed replays byte for byte: the trace hash is the proof.
 //!
-//! Modules: `rng` (seeded streams), `scenario` (scenarios, swarm, fault plan),
-//! `scenario_file` (the TOML scenario library in `scenarios/`), `watch` (scenario-targeted
-//! situations), `workload`
-//! (fleet and jobs), `net` (connections), `byzantine` (violators), `world` (state), `driver`
-//! (the event loop), `checkers` (invariants), `coverage` (rare paths), `trace` (lines, hash),
+//! Modules: `types` (time units and `Violation`, a leaf), `rng` (seeded streams), `scenario`
+//! (scenarios, swarm, fault plan), `scenario_file` (the TOML scenario library in `scenarios/`,
+//! and its lookups `scenarios()`/`scenario(name)`), `watch` (scenario-targeted situations),
+//! `workload` (fleet and jobs), `net` (connections), `byzantine` (violators), `world`
+//! (state), `driver` (the event loop), `checkers` (invariants, one file per rule family),
+//! `coverage` (rare paths), `trace` (lines, hash),
 //! `report` (failure reports), `latency` (per-job times of a run), `quality` (placement
 //! quality against an omniscient scheduler).
 #![forbid(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod scenario_file;
 pub mod shrink;
 pub mod timeline;
 pub mod trace;
+pub mod types;
 pub mod watch;
 pub mod workload;
 pub mod world;

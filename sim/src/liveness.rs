@@ -26,9 +26,9 @@ use millrace_core::mill::MillConfig;
 use millrace_core::quota::Scope;
 use millrace_core::{JobId, NodeId};
 
-use crate::checkers::Violation;
-use crate::scenario::{Micros, Scenario, SEC};
+use crate::scenario::Scenario;
 use crate::trace::secs;
+use crate::types::{Micros, Violation, SEC};
 use crate::workload::{Arrival, LONG_JOBS};
 use crate::world::{ExecProc, World};
 

@@ -24,30 +24,12 @@ use millrace_core::Resources;
 use crate::driver::Sim;
 use crate::latency::{mean, quantile};
 use crate::rng::{Purpose, Rng};
-use crate::scenario::{scenario, Micros, Scenario, MS, SEC};
+use crate::scenario::{Micros, Scenario, MS, SEC};
+use crate::scenario_file::scenario;
 use crate::trace::Trace;
+/// Moved to `workload` so that the driver does not import `quality` (issue 17 item 3).
+pub use crate::workload::Durations;
 use crate::workload::{plain_spec, Arrival, ExecSpec, Workload};
-
-/// Exact per-job durations, looked up by the job index in the spec's payload.
-#[derive(Debug, Clone)]
-pub struct Durations {
-    /// By job index.
-    pub per_job: Vec<Micros>,
-}
-
-impl Durations {
-    /// The duration of the job `spec` (its payload holds its index, little-endian u64);
-    /// `None` when the payload names no job of the experiment.
-    pub fn of(&self, spec: &JobSpec) -> Option<Micros> {
-        let k = spec
-            .payload
-            .get(..8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-            .and_then(|k| usize::try_from(k).ok())?;
-        self.per_job.get(k).copied()
-    }
-}
 
 /// One placement-quality experiment.
 #[derive(Debug, Clone)]

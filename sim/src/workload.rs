@@ -414,3 +414,25 @@ pub fn job_duration(rng: &mut Rng, mean: Micros, max: Micros) -> Micros {
     }
     (rng.exp(mean as f64) as Micros).clamp(20 * MS, max)
 }
+
+/// Exact per-job durations, looked up by the job index in the spec's payload (placement-quality
+/// runs, `crate::quality`).
+#[derive(Debug, Clone)]
+pub struct Durations {
+    /// By job index.
+    pub per_job: Vec<Micros>,
+}
+
+impl Durations {
+    /// The duration of the job `spec` (its payload holds its index, little-endian u64);
+    /// `None` when the payload names no job of the experiment.
+    pub fn of(&self, spec: &JobSpec) -> Option<Micros> {
+        let k = spec
+            .payload
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .and_then(|k| usize::try_from(k).ok())?;
+        self.per_job.get(k).copied()
+    }
+}

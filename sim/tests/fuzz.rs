@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 
 use sim::coverage::{Coverage, Path};
 use sim::report::{failure_report, REPORT_LINES};
-use sim::scenario::{scenario, scenarios, Scenario};
+use sim::scenario::Scenario;
+use sim::scenario_file::{scenario, scenarios};
 
 /// Fixed seeds per scenario: (name, first seed, count). About a minute on two cores.
 const FIXED: &[(&str, u64, u64)] = &[

@@ -228,7 +228,7 @@ fn core_in_process(
 
 /// Submit → first published lease of every job that got one, over `seeds` seeds.
 fn sim_latency(scenario: &str, seeds: u64) -> Result<Histogram<u64>, String> {
-    let s = sim::scenario::scenario(scenario).ok_or(format!("no scenario {scenario}"))?;
+    let s = sim::scenario_file::scenario(scenario).ok_or(format!("no scenario {scenario}"))?;
     let mut h = histogram();
     for seed in 0..seeds {
         let o = sim::run_fast(&s, seed);

@@ -4,11 +4,16 @@
 //! store, messages handed to the network, engine commands to the engine model — with the
 //! checkers shown each. A crash may land at any output boundary of a step.
 
+mod engine;
 mod executor;
 mod failover;
 mod faults;
+mod lag;
+mod liveness;
 mod mill;
+mod rare_paths;
 mod transport;
+mod workload;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -37,20 +42,8 @@ use crate::watch::{self, Watch};
 use crate::workload::{job_duration, Arrival, Workload};
 use crate::world::{CrashPlan, EngineJob, ExecProc, LeaseInfo, World};
 
-/// How an engine's job ends.
-#[derive(Debug, Clone, Copy)]
-enum Exit {
-    /// It ran out by itself.
-    Natural { success: bool, code: i32 },
-    /// It stopped after `StopJob`.
-    Stopped,
-    /// Its supervisor stopped it: no executor re-attached within `reconnect_grace` (E14).
-    Fenced,
-    /// Its supervisor stopped it at once: the executor came back with a new store (E1, E14).
-    ForeignEpoch,
-    /// It never started.
-    FailedToStart,
-}
+use engine::Exit;
+use lag::{Hold, LagWindow};
 
 #[derive(Debug)]
 enum Ev {
@@ -117,23 +110,6 @@ enum Ev {
         slot: usize,
         gen: u64,
     },
-}
-
-/// A stretch of driver lag on one process (`Fault::Lag`).
-#[derive(Debug, Clone, Copy)]
-struct LagWindow {
-    until: Micros,
-    max_delay: Micros,
-    max_inputs: u32,
-}
-
-/// A due `Tick` a lagging driver holds back: released after `inputs_left` more inputs or at
-/// `release_at`, whichever comes first.
-#[derive(Debug, Clone, Copy)]
-struct Hold {
-    inputs_left: u32,
-    release_at: Micros,
-    gen: u64,
 }
 
 struct Entry {
@@ -237,7 +213,7 @@ pub struct Sim {
     /// Per-job submit, placement and terminal times (latency and quality reports).
     pub times: crate::latency::JobTimes,
     /// Exact job durations instead of the engine model's (placement-quality runs).
-    pub durations: Option<crate::quality::Durations>,
+    pub durations: Option<crate::workload::Durations>,
     /// Driver lag in force, by slot (0: the mill; i + 1: executor i).
     lag: Vec<Option<LagWindow>>,
     /// The due `Tick` each lagging driver holds back, by slot.
@@ -623,19 +599,7 @@ impl Sim {
                 }
             }
             Ev::ResetNotify { conn, to_mill } => self.reset_notify(conn, to_mill),
-            Ev::EngineStart { exec, run, lease } => {
-                let p = &mut self.w.execs[exec];
-                let Some(job) = p.engine.get_mut(&lease) else {
-                    return;
-                };
-                if job.run != run || job.started {
-                    return;
-                }
-                job.started = true;
-                if job.attached && p.exec.is_some() {
-                    self.exec_input(exec, ExecutorInput::JobStarted { lease });
-                }
-            }
+            Ev::EngineStart { exec, run, lease } => self.engine_start(exec, run, lease),
             Ev::EngineExit {
                 exec,
                 run,
@@ -768,320 +732,6 @@ impl Sim {
             }
         }
     }
-
-    // ---- rare-path bookkeeping -------------------------------------------------------------
-
-    /// A user cancels `job`: remembered when its lease's node is disconnected from the mill,
-    /// so that the `CancelAttempt` sent after the reconnect is counted (M26).
-    fn note_cancel_while_down(&mut self, job: JobId) {
-        let Some(m) = self.w.mill.as_ref() else {
-            return;
-        };
-        let Some(JobState::Running { lease, node }) = m.job_state(job) else {
-            return;
-        };
-        let connected = m.sessions().any(|(n, c)| *n == node && c);
-        if !connected {
-            self.cancels_while_down.insert(lease);
-        }
-    }
-
-    /// The mill is about to apply a batch from `exec`: counts it when the node is
-    /// recovering within the last fifth of its grace, or past its grace deadline while the
-    /// mill's `Tick` is held (M5, M6, I12). Call before the step; `applied` after.
-    fn grace_left(&self, exec: usize) -> Option<Micros> {
-        let m = self.w.mill.as_ref()?;
-        let node = &self.w.execs[exec].node;
-        let v = m.session_views().find(|v| v.node == node)?;
-        if !v.connected || !v.in_grace {
-            return None;
-        }
-        let deadline = v.grace_deadline?.as_micros();
-        let window = dur(self.w.mill_cfg.reconnect_grace) / 5;
-        let now = self.w.now;
-        (deadline <= now + window).then(|| deadline.saturating_sub(now))
-    }
-
-    /// The mill received an accepted bid from `exec` charging `resources`: counts a charge
-    /// that differs from the job's previous accepted bid on a resource its owner or repo has
-    /// a quota limit on (M14, M15).
-    fn note_charge(&mut self, lease: LeaseId, resources: &Resources) {
-        let Some(info) = self.w.leases.get(&lease) else {
-            return;
-        };
-        let job = info.job;
-        let Some(identity) = self
-            .w
-            .mill_store
-            .jobs
-            .get(&job)
-            .map(|r| r.spec.identity.clone())
-        else {
-            return;
-        };
-        if let Some(prev) = self.last_charge.get(&job) {
-            let quota = &self.w.mill_cfg.quota;
-            let names: BTreeSet<&String> = prev.keys().chain(resources.keys()).collect();
-            let changed_limited = names.into_iter().any(|name| {
-                prev.get(name) != resources.get(name)
-                    && millrace_core::quota::Scope::of(&identity)
-                        .iter()
-                        .any(|scope| quota.limit(scope, name).is_some())
-            });
-            if changed_limited {
-                self.cov.hit(Path::ChargeChangeOnLimitedResource);
-            }
-        }
-        self.last_charge.insert(job, resources.clone());
-    }
-
-    /// The mill's teardown deadline fired: counts each cancelled job whose engine never
-    /// stopped and which the mill has now ended (M26).
-    fn note_teardown_deadline(&mut self) {
-        let Some(m) = self.w.mill.as_ref() else {
-            return;
-        };
-        let mut hits = 0;
-        for p in &mut self.w.execs {
-            for j in p.engine.values_mut() {
-                if j.forever
-                    && !j.counted
-                    && m.job_state(j.job)
-                        .is_none_or(|s| matches!(s, JobState::Done(_)))
-                {
-                    j.counted = true;
-                    hits += 1;
-                }
-            }
-        }
-        for _ in 0..hits {
-            self.cov.hit(Path::CancelEndedByDeadline);
-        }
-    }
-
-    /// A snapshot of `exec` reaches the mill: counts each commit the executor lost in a
-    /// crash before persisting it (same epoch) that the snapshot leaves out while the mill
-    /// still holds the lease (M8 releases it, M29).
-    fn note_lost_commits(&mut self, exec: usize, active: &[LeaseId]) {
-        if self.lost_commits.iter().all(|(i, _)| *i != exec) {
-            return;
-        }
-        let Some(m) = self.w.mill.as_ref() else {
-            return;
-        };
-        let held: BTreeSet<LeaseId> = m.leases().map(|(l, ..)| l).collect();
-        let mut hits = 0;
-        self.lost_commits.retain(|(i, lease)| {
-            if *i != exec {
-                return true;
-            }
-            if held.contains(lease) && !active.contains(lease) {
-                hits += 1;
-            }
-            false
-        });
-        for _ in 0..hits {
-            self.cov.hit(Path::LostCommitKeptEpoch);
-        }
-    }
-
-    // ---- driver lag (I12) ----------------------------------------------------------------
-
-    /// A due `Tick` for `slot` (0: the mill, i + 1: executor i): a lagging driver holds it
-    /// back behind a batch of inputs, as the node's drivers do (they take up to 1–2k inputs
-    /// before a `Tick`). Returns whether it is held.
-    fn hold_tick(&mut self, slot: usize) -> bool {
-        let now = self.w.now;
-        if self.held[slot].is_some() {
-            return true;
-        }
-        let Some(lag) = self.lag[slot].filter(|l| now < l.until) else {
-            return false;
-        };
-        let inputs_left = self.lag_rng.range(1, u64::from(lag.max_inputs.max(1))) as u32;
-        let delay = self.lag_rng.range(MS, lag.max_delay.max(MS));
-        self.hold_gen += 1;
-        let gen = self.hold_gen;
-        let release_at = now + delay;
-        self.held[slot] = Some(Hold {
-            inputs_left,
-            release_at,
-            gen,
-        });
-        self.at(release_at, Ev::LagRelease { slot, gen });
-        true
-    }
-
-    /// One more input reached the process of `slot`: a held `Tick` whose batch is complete
-    /// is released right after this step (an event at the same instant, so the step's
-    /// caller still sees its own outputs).
-    fn count_held_input(&mut self, slot: usize) {
-        let now = self.w.now;
-        let Some(h) = self.held[slot].as_mut() else {
-            return;
-        };
-        if h.inputs_left == 0 {
-            return; // released already, waiting for its event
-        }
-        h.inputs_left -= 1;
-        if h.inputs_left == 0 {
-            h.release_at = now;
-            let gen = h.gen;
-            self.at(now, Ev::LagRelease { slot, gen });
-        }
-    }
-
-    /// The lagging driver of `slot` gets to its `Tick`: handled if still due (the node's
-    /// drivers check `next_deadline() <= now` too), counted when late.
-    fn release_tick(&mut self, slot: usize) {
-        let now = self.w.now;
-        self.held[slot] = None;
-        let deadline = if slot == 0 {
-            self.w.mill.as_ref().and_then(|m| m.next_deadline())
-        } else {
-            self.w.execs[slot - 1]
-                .exec
-                .as_ref()
-                .and_then(|x| x.next_deadline())
-        };
-        let Some(d) = deadline.map(|d| d.as_micros()) else {
-            return;
-        };
-        if d > now {
-            // Handled meanwhile (an executor runs due timers before any input).
-            if slot == 0 {
-                self.schedule_mill_tick();
-            } else {
-                self.schedule_exec_tick(slot - 1);
-            }
-            return;
-        }
-        let late = now - d;
-        if late > 0 {
-            self.stats.late_ticks += 1;
-            self.stats.max_tick_lateness = self.stats.max_tick_lateness.max(late);
-            self.cov.hit(Path::LateTick);
-        }
-        if slot == 0 {
-            self.mill_input(MillInput::Tick);
-        } else {
-            self.exec_input(slot - 1, ExecutorInput::Tick);
-        }
-    }
-
-    // ---- the workload --------------------------------------------------------------------
-
-    fn arrive(&mut self, k: usize) {
-        let now = self.w.now;
-        let (_, arrival) = self.w.workload.arrivals[k].clone();
-        if self.w.mill.is_none() {
-            // The client retries until the mill is back.
-            self.at(now + SEC, Ev::Arrive(k));
-            return;
-        }
-        match arrival {
-            Arrival::Job { spec, cancel_after } => {
-                let timeout = spec.timeout;
-                let r = self
-                    .mill_submit_keyed(spec, now / MS, Some(arrival_key(k)))
-                    .map(|r| r.map(|s| s.job));
-                match r {
-                    Some(Ok(job)) => {
-                        if self.c.inserted(job) {
-                            self.times.submitted(job, now);
-                            self.w.arrivals_done += 1;
-                            self.stats.accepted += 1;
-                            self.w.job_of_arrival[k] = Some(job);
-                            let r = self.c.accepted(job, k);
-                            self.check(r);
-                            self.c.timeout_armed(job, now, timeout);
-                            if let Some(after) = cancel_after {
-                                self.at(now + after, Ev::UserCancel(k));
-                            }
-                            // Every fourth client retries as if the answer was lost (M31);
-                            // by arrival index, so no random stream moves.
-                            if k % RESUBMIT_EVERY == 0 {
-                                self.at(now + SEC, Ev::Resubmit(k));
-                            }
-                        } else {
-                            // The mill crashed before the insert was durable: no answer
-                            // reached the client, which tries again.
-                            self.at(now + SEC, Ev::Arrive(k));
-                        }
-                    }
-                    Some(Err(RequestError::TooManyPending { .. })) => {
-                        self.w.arrivals_done += 1;
-                        self.cov.hit(Path::TooManyPending);
-                        if self.step_wrote {
-                            self.violate(Violation {
-                                rule: "I2",
-                                message: "a submit refused for max_pending stored something (M10)"
-                                    .into(),
-                            });
-                        }
-                    }
-                    Some(Err(e)) => {
-                        self.w.arrivals_done += 1;
-                        self.violate(Violation {
-                            rule: "I2",
-                            message: format!("a valid submit was refused: {e}"),
-                        });
-                    }
-                    None => self.at(now + SEC, Ev::Arrive(k)),
-                }
-            }
-            Arrival::Invalid { spec, what } => {
-                self.w.arrivals_done += 1;
-                let r = self.mill_submit(spec, now / MS);
-                let refused = matches!(r, Some(Err(RequestError::Spec(_))));
-                if !refused || self.step_outputs > 0 {
-                    self.violate(Violation {
-                        rule: "I2",
-                        message: format!(
-                            "an invalid submit ({what}) was not refused cleanly: {r:?}, {} outputs",
-                            self.step_outputs
-                        ),
-                    });
-                }
-            }
-        }
-    }
-
-    /// M31: an accepted arrival's client submits it again under the same key; the mill
-    /// must answer the same job and store nothing, across mill restarts too.
-    fn resubmit(&mut self, k: usize) {
-        let now = self.w.now;
-        let (Some(first), (_, Arrival::Job { spec, .. })) = (
-            self.w.job_of_arrival[k],
-            self.w.workload.arrivals[k].clone(),
-        ) else {
-            return;
-        };
-        if self.w.mill.is_none() {
-            self.at(now + SEC, Ev::Resubmit(k));
-            return;
-        }
-        let key = arrival_key(k);
-        if let Some(got) = self.mill_submit_keyed(spec, now / MS, Some(key.clone())) {
-            self.stats.resubmits += 1;
-            let r = self.c.keyed_retry(&key, first, &got, self.step_wrote);
-            self.check(r);
-        }
-    }
-
-    /// The liveness deadline, once the faults have healed.
-    pub fn deadline(&self) -> Option<Micros> {
-        self.deadline
-    }
-}
-
-/// One accepted arrival in this many is submitted again by its client (M31).
-const RESUBMIT_EVERY: usize = 4;
-
-/// The idempotency key the client of arrival `k` submits under (M31).
-fn arrival_key(k: usize) -> IdempotencyKey {
-    // "arrival-" and a decimal index: always 1-256 printable ASCII characters.
-    IdempotencyKey::new(format!("arrival-{k}")).unwrap_or_else(|e| unreachable!("{e}"))
 }
 
 /// What an executor's packet on `c` carries for the mill: `None` for a payload that is not
