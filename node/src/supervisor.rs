@@ -893,6 +893,10 @@ fn reap(job: Pid, tx: &mpsc::Sender<Ev>) {
                 let _ = tx.send(Ev::JobExit(status));
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // No child left, so none can come: an orphan is re-parented to this subreaper
+            // only from a dying descendant, and there is none (issue 15: this loop used to
+            // poll every 20 ms for the rest of the supervisor's life).
+            Err(nix::errno::Errno::ECHILD) => return,
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -1066,7 +1070,12 @@ fn pump(
         // The live copy is exactly the log: same bytes at the same offsets (E15).
         let _ = tx.send(Ev::Output { offset, bytes: out });
     }
-    log.sync_data().map_err(|e| e.to_string())?;
+    // An empty log has nothing to make durable (issue 15 target 3: one `fdatasync` fewer
+    // per job that prints nothing; a crash may then lose the empty file, which reads the
+    // same: no output).
+    if written > 0 {
+        log.sync_data().map_err(|e| e.to_string())?;
+    }
     Ok(hex(&hasher.finalize()))
 }
 
