@@ -202,5 +202,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
         let _ = e.stop().await;
     }
     mill.stop().await.map_err(|e| e.to_string())?;
+    // The disk under the stores, right after the run (issue 15: every benchmark records it).
+    crate::syncs::print_probe(dir.path());
     Ok(ok == wanted.len())
 }

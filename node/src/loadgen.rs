@@ -347,14 +347,6 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     mill.stop().await.map_err(|e| e.to_string())?;
     // The disk under the store, measured right after the run on the same directory: what
     // one commit's sync costs at best here.
-    match crate::syncs::probe(dir.path(), 200) {
-        Ok(p) => println!(
-            "disk (same dir, 4 KiB write + fdatasync x{}): p50 {:.3} ms, p99 {:.3} ms",
-            p.samples,
-            p.p50_us as f64 / 1000.0,
-            p.p99_us as f64 / 1000.0
-        ),
-        Err(e) => println!("disk probe failed: {e}"),
-    }
+    crate::syncs::print_probe(dir.path());
     Ok(())
 }

@@ -66,6 +66,63 @@ pub struct ShellEngine {
     /// yet), and the `reconnect_grace` it runs on (its mill's once welcomed, M1), ms; every
     /// attachment passes both on to its supervisor (`Contact`).
     contact: tokio::sync::watch::Sender<(u64, u64)>,
+    /// What each supervisor runs as.
+    program: SupervisorProgram,
+}
+
+/// The binary every job's supervisor runs (E14): `millrace-supervise` when it lies next to
+/// this binary and speaks this supervisor protocol (issue 15 target 3: a small binary is a
+/// cheaper `exec` per job), else this very binary's `millrace supervise`. Either is held
+/// open from the engine's start and run through `/proc/self/fd`, so that, as with
+/// `/proc/self/exe`, an upgrade replacing the files meanwhile does not change what runs.
+#[derive(Debug)]
+struct SupervisorProgram {
+    /// The open `millrace-supervise`, if found (kept open for `path`).
+    _file: Option<std::fs::File>,
+    /// What to `exec`.
+    path: PathBuf,
+}
+
+impl SupervisorProgram {
+    fn find() -> Self {
+        use std::os::fd::AsRawFd;
+        let fallback = SupervisorProgram {
+            _file: None,
+            path: PathBuf::from("/proc/self/exe"),
+        };
+        let Some(sibling) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| d.join(supervisor::BINARY)))
+        else {
+            return fallback;
+        };
+        let Ok(file) = std::fs::File::open(&sibling) else {
+            return fallback;
+        };
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let speaks = std::process::Command::new(&path)
+            .arg(supervisor::PROTOCOL_QUERY)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if speaks != Some(supervisor::PROTOCOL) {
+            tracing::warn!(
+                binary = %sibling.display(),
+                ?speaks,
+                expected = supervisor::PROTOCOL,
+                "not using this supervisor binary (another supervisor protocol); jobs run under `millrace supervise`"
+            );
+            return fallback;
+        }
+        SupervisorProgram {
+            _file: Some(file),
+            path,
+        }
+    }
 }
 
 /// How a job's attachment task begins.
@@ -95,6 +152,7 @@ impl ShellEngine {
             running: BTreeMap::new(),
             collecting: BTreeMap::new(),
             contact: tokio::sync::watch::Sender::new((0, grace_ms)),
+            program: SupervisorProgram::find(),
         })
     }
 
@@ -142,7 +200,7 @@ impl ShellEngine {
         };
         // Launched here, in the driver's step that acted on `StartJob`, so that a graceful
         // shutdown right after it leaves a supervisor for the next process to adopt.
-        let launched = launch_supervisor(&launch);
+        let launched = launch_supervisor(&self.program.path, &launch);
         self.spawn_task(lease, Mode::Start(launched));
     }
 
@@ -412,7 +470,7 @@ async fn attend(
 /// travel there, never on disk). Its pid goes to `supervisor.pid` in its directory, so that
 /// an attachment (now or after a restart) can tell a supervisor still starting up from one
 /// that is gone. Blocking, but short: a spawn and a pipe write the supervisor reads at once.
-fn launch_supervisor(launch: &Launch) -> Result<(), String> {
+fn launch_supervisor(program: &Path, launch: &Launch) -> Result<(), String> {
     use std::io::Write;
     let dir = &launch.dir;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -420,8 +478,7 @@ fn launch_supervisor(launch: &Launch) -> Result<(), String> {
     let errlog = dir.join("supervisor.log");
     let err = std::fs::File::create(&errlog).map_err(|e| format!("{}: {e}", errlog.display()))?;
     let bytes = postcard::to_allocvec(launch).map_err(|e| format!("launch: {e}"))?;
-    // /proc/self/exe is this very binary even if its file was replaced by an upgrade.
-    let mut cmd = std::process::Command::new("/proc/self/exe");
+    let mut cmd = std::process::Command::new(program);
     cmd.arg(supervisor::SUBCOMMAND)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

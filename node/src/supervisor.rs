@@ -45,6 +45,11 @@ use sha2::{Digest, Sha256};
 pub const PROTOCOL: u32 = 5;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
+/// The supervisor's own binary, installed next to `millrace` (issue 15 target 3).
+pub const BINARY: &str = "millrace-supervise";
+/// `millrace-supervise --protocol` prints [`PROTOCOL`]: the executor checks it before using
+/// the binary, so a stale one left from another version is never run.
+pub const PROTOCOL_QUERY: &str = "--protocol";
 /// Largest frame on the supervisor socket.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest launch message (payload, environment, secrets).
@@ -888,6 +893,10 @@ fn reap(job: Pid, tx: &mpsc::Sender<Ev>) {
                 let _ = tx.send(Ev::JobExit(status));
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // No child left, so none can come: an orphan is re-parented to this subreaper
+            // only from a dying descendant, and there is none (issue 15: this loop used to
+            // poll every 20 ms for the rest of the supervisor's life).
+            Err(nix::errno::Errno::ECHILD) => return,
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -906,40 +915,14 @@ fn spawn_job(launch: &Launch, tx: mpsc::Sender<Ev>) -> Result<(Pid, Option<PathB
         std::fs::File::create(&launch.log).map_err(|e| format!("{}: {e}", launch.log.display()))?;
     let (read_end, write_end) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
     let cgroup = cgroup::enter(launch.epoch, launch.lease);
-    let child = {
-        let mut cmd = match &launch.run_as {
-            None => std::process::Command::new("sh"),
-            Some(r) => {
-                // The working directory is the job's; everything above it stays the
-                // executor's (0700), so `..` leads nowhere.
-                std::os::unix::fs::chown(&launch.workdir, Some(r.uid), Some(r.gid)).map_err(
-                    |e| format!("chown {} to {}: {e}", launch.workdir.display(), r.user),
-                )?;
-                let mut cmd = std::process::Command::new(SETPRIV);
-                cmd.arg(format!("--reuid={}", r.uid))
-                    .arg(format!("--regid={}", r.gid))
-                    .arg("--init-groups")
-                    .arg("--")
-                    .arg("sh");
-                cmd.env("HOME", &r.home)
-                    .env("USER", &r.user)
-                    .env("LOGNAME", &r.user);
-                cmd
-            }
-        };
-        cmd.arg("-c")
-            .arg(std::ffi::OsStr::from_bytes(&launch.payload))
-            .current_dir(&launch.workdir)
-            .stdin(std::process::Stdio::null())
-            .stdout(write_end.try_clone().map_err(|e| format!("pipe: {e}"))?)
-            .stderr(write_end)
-            .process_group(0);
-        for (k, v) in &launch.env {
-            cmd.env(k, v);
-        }
-        cmd.env(RUN_ENV, format!("{}-{}", launch.epoch, launch.lease));
-        cmd.spawn()
-    };
+    let direct = direct_argv(&launch.payload);
+    let mut child = spawn_command(launch, direct.as_deref(), &write_end);
+    if direct.is_some() && child.as_ref().is_err_and(|e| e.raw_os_error().is_some()) {
+        // Not found or not executable: `sh -c` says so the way a shell job always did
+        // (its message in the log, exit status 127 or 126).
+        child = spawn_command(launch, None, &write_end);
+    }
+    drop(write_end);
     // The job (and whatever it starts) stays in the cgroup; the supervisor leaves it, so
     // that killing the cgroup never kills the supervisor.
     let cgroup = cgroup.and_then(cgroup::leave);
@@ -952,6 +935,99 @@ fn spawn_job(launch: &Launch, tx: mpsc::Sender<Ev>) -> Result<(Pid, Option<PathB
         let _ = tx.send(Ev::OutputEnd(r));
     });
     Ok((Pid::from_raw(pid), cgroup))
+}
+
+/// Bytes a payload may hold to be run without a shell: letters, digits and `_-./,:+@%=`
+/// separated by spaces or tabs. Anything else (quotes, `$`, globs, redirections, `;`, `&`,
+/// `|`, newlines, `~`, `#`, backslashes, …) means the shell would do something to it.
+fn plain_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_-./,:+@%= \t".contains(&b)
+}
+
+/// Shell builtins and reserved words: as a first word they are not a program the shell would
+/// `exec` (`cd`, `exit`, `export`, …), so such a payload keeps its shell. `true` and `false`
+/// are not here: run as `/usr/bin/true` they do exactly what the builtins do.
+const SHELL_WORDS: &[&str] = &[
+    "!", ".", ":", "[", "alias", "bg", "break", "case", "cd", "command", "continue", "do", "done",
+    "echo", "elif", "else", "esac", "eval", "exec", "exit", "export", "fc", "fg", "fi", "for",
+    "getopts", "hash", "if", "in", "jobs", "kill", "local", "newgrp", "printf", "pwd", "read",
+    "readonly", "return", "set", "shift", "test", "then", "times", "trap", "type", "ulimit",
+    "umask", "unalias", "unset", "until", "wait", "while",
+];
+
+/// The argv of a payload that is one simple command with nothing for the shell to expand
+/// (issue 15 target 3): run directly, it saves a job the `exec` of `sh` (~1 ms of process
+/// creation on the benchmark machine) and behaves as `sh -c` would, which `exec`s a lone
+/// simple command too. `None`: the payload needs its shell.
+fn direct_argv(payload: &[u8]) -> Option<Vec<&str>> {
+    if !payload.iter().copied().all(plain_byte) {
+        return None;
+    }
+    let text = std::str::from_utf8(payload).ok()?;
+    let argv: Vec<&str> = text.split([' ', '\t']).filter(|w| !w.is_empty()).collect();
+    let first = argv.first()?;
+    // `NAME=value cmd` is an assignment, not a program.
+    if first.contains('=') || SHELL_WORDS.contains(first) {
+        return None;
+    }
+    Some(argv)
+}
+
+/// Spawns the job: `argv` directly when given ([`direct_argv`]), else `sh -c payload`; under
+/// `setpriv` for `--run-as`; in its working directory and its own process group.
+fn spawn_command(
+    launch: &Launch,
+    argv: Option<&[&str]>,
+    write_end: &std::io::PipeWriter,
+) -> std::io::Result<std::process::Child> {
+    let program = argv.and_then(|a| a.first().copied()).unwrap_or("sh");
+    {
+        let mut cmd = match &launch.run_as {
+            None => std::process::Command::new(program),
+            Some(r) => {
+                // The working directory is the job's; everything above it stays the
+                // executor's (0700), so `..` leads nowhere.
+                std::os::unix::fs::chown(&launch.workdir, Some(r.uid), Some(r.gid)).map_err(
+                    |e| {
+                        std::io::Error::other(format!(
+                            "chown {} to {}: {e}",
+                            launch.workdir.display(),
+                            r.user
+                        ))
+                    },
+                )?;
+                let mut cmd = std::process::Command::new(SETPRIV);
+                cmd.arg(format!("--reuid={}", r.uid))
+                    .arg(format!("--regid={}", r.gid))
+                    .arg("--init-groups")
+                    .arg("--")
+                    .arg(program);
+                cmd.env("HOME", &r.home)
+                    .env("USER", &r.user)
+                    .env("LOGNAME", &r.user);
+                cmd
+            }
+        };
+        match argv {
+            Some(a) => {
+                cmd.args(a.get(1..).unwrap_or_default());
+            }
+            None => {
+                cmd.arg("-c")
+                    .arg(std::ffi::OsStr::from_bytes(&launch.payload));
+            }
+        }
+        cmd.current_dir(&launch.workdir)
+            .stdin(std::process::Stdio::null())
+            .stdout(write_end.try_clone()?)
+            .stderr(write_end.try_clone()?)
+            .process_group(0);
+        for (k, v) in &launch.env {
+            cmd.env(k, v);
+        }
+        cmd.env(RUN_ENV, format!("{}-{}", launch.epoch, launch.lease));
+        cmd.spawn()
+    }
 }
 
 /// Copies the job's output to its log and to the main loop; returns the log's sha256.
@@ -994,7 +1070,12 @@ fn pump(
         // The live copy is exactly the log: same bytes at the same offsets (E15).
         let _ = tx.send(Ev::Output { offset, bytes: out });
     }
-    log.sync_data().map_err(|e| e.to_string())?;
+    // An empty log has nothing to make durable (issue 15 target 3: one `fdatasync` fewer
+    // per job that prints nothing; a crash may then lose the empty file, which reads the
+    // same: no output).
+    if written > 0 {
+        log.sync_data().map_err(|e| e.to_string())?;
+    }
     Ok(hex(&hasher.finalize()))
 }
 
@@ -1322,6 +1403,74 @@ mod tests {
         big.extend_from_slice(&[0; 8]);
         let err = read_frame::<ToSupervisor>(&mut big.as_slice()).unwrap_err();
         assert!(err.contains("exceeds the bound"), "{err}");
+    }
+
+    /// Issue 15 target 3: one simple command with nothing to expand skips `sh`; anything
+    /// the shell would act on keeps it.
+    #[test]
+    fn e14_only_a_plain_simple_command_runs_without_its_shell() {
+        assert_eq!(direct_argv(b"true"), Some(vec!["true"]));
+        assert_eq!(
+            direct_argv(b"  make -j4\tCC=cc all "),
+            Some(vec!["make", "-j4", "CC=cc", "all"])
+        );
+        assert_eq!(direct_argv(b"/usr/bin/env"), Some(vec!["/usr/bin/env"]));
+        for shell in [
+            &b""[..],
+            b"   ",
+            b"echo hi",
+            b"cd /tmp",
+            b"exit 3",
+            b"FOO=1 env",
+            b"sleep 1; true",
+            b"true && false",
+            b"cat <in",
+            b"echo $HOME",
+            b"ls *.rs",
+            b"ls ~",
+            b"true # comment",
+            b"printf 'a b'",
+            b"true\nfalse",
+            b"a\\b",
+            b"x\xff",
+        ] {
+            assert_eq!(
+                direct_argv(shell),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(shell)
+            );
+        }
+    }
+
+    /// A direct job runs in its own directory and process group with the run marker, and a
+    /// program that does not exist still ends as `sh -c` would end it (127, its message in
+    /// the log).
+    #[test]
+    fn e14_a_direct_job_falls_back_to_its_shell_when_its_program_cannot_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("job.log");
+        let mut launch = test_supervisor(dir.path(), 1_000, mpsc::channel().0, None).launch;
+        launch.log = log.clone();
+        for (payload, code) in [
+            (&b"true"[..], 0),
+            (b"false", 1),
+            (b"no-such-program-xyz", 127),
+        ] {
+            launch.payload = payload.to_vec();
+            let (tx, rx) = mpsc::channel();
+            let (pid, _) = spawn_job(&launch, tx).unwrap();
+            let status = waitpid(pid, None).unwrap();
+            assert_eq!(status, WaitStatus::Exited(pid, code), "{payload:?}");
+            loop {
+                if let Ev::OutputEnd(end) = rx.recv().unwrap() {
+                    end.unwrap();
+                    break;
+                }
+            }
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("no-such-program-xyz"), "{text}");
     }
 
     #[test]
