@@ -77,6 +77,20 @@ pub fn probe(dir: &std::path::Path, n: usize) -> std::io::Result<Probe> {
     })
 }
 
+/// Measures the disk under `dir` ([`probe`], 200 samples) and prints it, for a benchmark's
+/// output: what one sync costs at best there, in the same run (issue 15).
+pub fn print_probe(dir: &std::path::Path) {
+    match probe(dir, 200) {
+        Ok(p) => println!(
+            "disk (same dir, 4 KiB write + fdatasync x{}): p50 {:.3} ms, p99 {:.3} ms",
+            p.samples,
+            p.p50_us as f64 / 1000.0,
+            p.p99_us as f64 / 1000.0
+        ),
+        Err(e) => println!("disk probe failed: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,19 +111,5 @@ mod tests {
         assert_eq!(p.samples, 5);
         assert!(p.p50_us <= p.p99_us);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
-}
-
-/// Measures the disk under `dir` ([`probe`], 200 samples) and prints it, for a benchmark's
-/// output: what one sync costs at best there, in the same run (issue 15).
-pub fn print_probe(dir: &std::path::Path) {
-    match probe(dir, 200) {
-        Ok(p) => println!(
-            "disk (same dir, 4 KiB write + fdatasync x{}): p50 {:.3} ms, p99 {:.3} ms",
-            p.samples,
-            p.p50_us as f64 / 1000.0,
-            p.p99_us as f64 / 1000.0
-        ),
-        Err(e) => println!("disk probe failed: {e}"),
     }
 }
