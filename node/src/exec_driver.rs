@@ -15,7 +15,12 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::Clock;
 use crate::exec_store::ExecStore;
 use crate::net::{self, ConnOut, OUT_QUEUE};
-use crate::shell::ShellEngine;
+/// The engine the driver runs jobs on: the shell engine, or under madsim (issue 16) the
+/// simulated one behind the same interface.
+#[cfg(not(madsim))]
+pub use crate::shell::ShellEngine as Engine;
+#[cfg(madsim)]
+pub use crate::sim_engine::SimEngine as Engine;
 use crate::sqlite::StoreError;
 
 /// Inputs queued for the executor driver, at most.
@@ -61,7 +66,7 @@ pub struct ExecDriverParts {
     /// (DESIGN §10).
     pub mills: Vec<(String, Option<crate::tls::ExecTls>)>,
     /// The engine.
-    pub engine: ShellEngine,
+    pub engine: Engine,
     /// How long a drain may wait for running jobs and the outbox.
     pub drain_timeout: Duration,
     /// Where connection tasks run.
@@ -76,27 +81,27 @@ pub fn spawn(
     tx: mpsc::Sender<ExecCmd>,
     rx: mpsc::Receiver<ExecCmd>,
     shutdown: watch::Receiver<bool>,
-) -> std::io::Result<std::thread::JoinHandle<Result<(), ExecDriverError>>> {
+) -> std::io::Result<crate::rt::Joiner<Result<(), ExecDriverError>>> {
     let name = format!("exec-{}", parts.executor.node_id());
-    std::thread::Builder::new().name(name).spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .map_err(ExecDriverError::Runtime)?;
-        let driver = Driver {
-            conns: std::collections::HashMap::new(),
-            next_conn: 1,
-            outs: Vec::new(),
-            tx,
-            parts,
-        };
-        rt.block_on(driver.run(rx, shutdown))
-    })
+    crate::rt::spawn_async(
+        name,
+        move || {
+            let driver = Driver {
+                conns: std::collections::BTreeMap::new(),
+                next_conn: 1,
+                outs: Vec::new(),
+                tx,
+                parts,
+            };
+            driver.run(rx, shutdown)
+        },
+        |e| Err(ExecDriverError::Runtime(e)),
+    )
 }
 
 struct Driver {
     parts: ExecDriverParts,
-    conns: std::collections::HashMap<ConnId, mpsc::Sender<ConnOut<ToMill>>>,
+    conns: std::collections::BTreeMap<ConnId, mpsc::Sender<ConnOut<ToMill>>>,
     next_conn: u64,
     outs: Vec<ExecutorOutput>,
     tx: mpsc::Sender<ExecCmd>,
@@ -183,7 +188,7 @@ impl Driver {
             self.flush()?;
         }
         self.parts.engine.detach_all();
-        for (_, tx) in self.conns.drain() {
+        for (_, tx) in std::mem::take(&mut self.conns) {
             let _ = tx.try_send(ConnOut::Close("the executor is shutting down".into()));
         }
         self.parts.store.close()?;

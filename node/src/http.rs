@@ -158,11 +158,13 @@ pub async fn serve(
     let handshake_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         let permit = tokio::select! {
+            biased;
             _ = shutdown.wait_for(|s| *s) => break,
             p = slots.clone().acquire_owned() => p,
         };
         let Ok(permit) = permit else { break };
         let accepted = tokio::select! {
+            biased;
             _ = shutdown.wait_for(|s| *s) => break,
             a = listener.accept() => a,
         };
@@ -245,12 +247,51 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
+/// hyper's timer: tokio's in production; under madsim (issue 16) one on the simulated clock
+/// (hyper-util's `TokioTimer` uses real tokio, which has no runtime there).
+#[cfg(not(madsim))]
+type Timer = hyper_util::rt::TokioTimer;
+#[cfg(madsim)]
+type Timer = sim_timer::SimTimer;
+
+#[cfg(madsim)]
+mod sim_timer {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::{Duration, Instant};
+
+    /// hyper's timer on madsim's clock.
+    #[derive(Debug, Clone, Default)]
+    pub struct SimTimer;
+
+    struct SimSleep(Pin<Box<tokio::time::Sleep>>);
+
+    impl Future for SimSleep {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            self.0.as_mut().poll(cx)
+        }
+    }
+
+    impl hyper::rt::Sleep for SimSleep {}
+
+    impl hyper::rt::Timer for SimTimer {
+        fn sleep(&self, d: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+            Box::pin(SimSleep(Box::pin(tokio::time::sleep(d))))
+        }
+        fn sleep_until(&self, at: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+            Box::pin(SimSleep(Box::pin(tokio::time::sleep_until(at.into()))))
+        }
+    }
+}
+
 /// One HTTP/1.1 connection's settings: keep-alive, and a request head must be in within
 /// `header_timeout` (which also ends idle keep-alive connections).
 fn connection(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(hyper_util::rt::TokioTimer::new())
+        .timer(Timer::default())
         .header_read_timeout(header_timeout)
         .keep_alive(true);
     builder
@@ -310,18 +351,34 @@ pub fn router(api: Api, limits: &HttpLimits) -> Router {
         .route("/v1/nodes/{id}/quarantine/lift", post(lift))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(api.clone(), auth));
-    Router::new()
+    let app = Router::new()
         .route("/health", get(health))
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .merge(protected)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            limits.body_timeout,
-        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY));
+    with_body_timeout(app, limits.body_timeout)
         .layer(middleware::from_fn(json_errors))
         .merge(crate::ui::routes(limits))
         .with_state(api)
+}
+
+/// A request body must arrive within `timeout` (`--http-body-timeout`). Under madsim
+/// (issue 16) tower-http's timer is real tokio's, which has no runtime there: the layer is
+/// left out, and the suite does not send slow bodies.
+pub fn with_body_timeout<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    timeout: Duration,
+) -> Router<S> {
+    #[cfg(not(madsim))]
+    {
+        router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(timeout))
+    }
+    #[cfg(madsim)]
+    {
+        let _ = timeout;
+        router
+    }
 }
 
 /// Compares secrets in time independent of where they differ.

@@ -254,6 +254,55 @@ struct Writer {
 }
 
 impl Writer {
+    /// Handles one message of the queue.
+    fn take(
+        &mut self,
+        msg: LogMsg,
+        events: &broadcast::Sender<JobEvent>,
+        files_deleted: &AtomicU64,
+    ) {
+        match msg {
+            LogMsg::Append {
+                job,
+                lease,
+                offset,
+                bytes,
+            } => {
+                self.append(job, lease, offset, bytes);
+                let _ = events.send(JobEvent {
+                    job,
+                    kind: JobEventKind::Log,
+                    at: Instant::now(),
+                });
+            }
+            LogMsg::Done { job } => {
+                self.done(job);
+                let _ = events.send(JobEvent {
+                    job,
+                    kind: JobEventKind::Log,
+                    at: Instant::now(),
+                });
+            }
+            LogMsg::Forget { jobs } => {
+                let mut removed = 0;
+                for job in &jobs {
+                    self.open.remove(job);
+                    self.live
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(*job);
+                    removed += forget(&self.data, *job);
+                }
+                files_deleted.fetch_add(removed, Ordering::Relaxed);
+                tracing::debug!(
+                    jobs = jobs.len(),
+                    files = removed,
+                    "retention: deleted job logs"
+                );
+            }
+        }
+    }
+
     fn get(&mut self, job: JobId) -> Option<&mut Open> {
         if !self.open.contains_key(&job) {
             if self.open.len() >= MAX_OPEN {
@@ -438,61 +487,28 @@ pub fn spawn_writer(
     ending: Arc<Ending>,
     events: broadcast::Sender<JobEvent>,
     files_deleted: Arc<AtomicU64>,
-) -> std::io::Result<(mpsc::Sender<LogMsg>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(mpsc::Sender<LogMsg>, crate::rt::Joiner<()>)> {
     std::fs::create_dir_all(data.join("logs"))?;
     let (tx, mut rx) = mpsc::channel::<LogMsg>(LOG_QUEUE);
-    let handle = std::thread::Builder::new()
-        .name("mill-logs".into())
-        .spawn(move || {
-            let mut w = Writer {
-                data,
-                open: BTreeMap::new(),
-                live,
-                ending,
-            };
-            while let Some(msg) = rx.blocking_recv() {
-                match msg {
-                    LogMsg::Append {
-                        job,
-                        lease,
-                        offset,
-                        bytes,
-                    } => {
-                        w.append(job, lease, offset, bytes);
-                        let _ = events.send(JobEvent {
-                            job,
-                            kind: JobEventKind::Log,
-                            at: Instant::now(),
-                        });
-                    }
-                    LogMsg::Done { job } => {
-                        w.done(job);
-                        let _ = events.send(JobEvent {
-                            job,
-                            kind: JobEventKind::Log,
-                            at: Instant::now(),
-                        });
-                    }
-                    LogMsg::Forget { jobs } => {
-                        let mut removed = 0;
-                        for job in &jobs {
-                            w.open.remove(job);
-                            w.live
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .remove(*job);
-                            removed += forget(&w.data, *job);
-                        }
-                        files_deleted.fetch_add(removed, Ordering::Relaxed);
-                        tracing::debug!(
-                            jobs = jobs.len(),
-                            files = removed,
-                            "retention: deleted job logs"
-                        );
-                    }
-                }
-            }
-        })?;
+    let mut w = Writer {
+        data,
+        open: BTreeMap::new(),
+        live,
+        ending,
+    };
+    #[cfg(not(madsim))]
+    let handle = crate::rt::spawn_thread("mill-logs", move || {
+        while let Some(msg) = rx.blocking_recv() {
+            w.take(msg, &events, &files_deleted);
+        }
+    })?;
+    // Under madsim (issue 16): the same loop as a task of the simulated node.
+    #[cfg(madsim)]
+    let handle = crate::rt::spawn_task(async move {
+        while let Some(msg) = rx.recv().await {
+            w.take(msg, &events, &files_deleted);
+        }
+    });
     Ok((tx, handle))
 }
 

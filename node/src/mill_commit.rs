@@ -50,54 +50,62 @@ pub enum Finished {
 
 /// The committer thread's handle.
 pub struct Committer {
+    #[cfg(not(madsim))]
     tx: Option<std::sync::mpsc::Sender<Work>>,
+    #[cfg(not(madsim))]
     thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
+    #[cfg(madsim)]
+    tx: Option<mpsc::UnboundedSender<Work>>,
+    #[cfg(madsim)]
+    thread: Option<tokio::task::JoinHandle<Result<(), StoreError>>>,
 }
 
 impl Committer {
     /// Starts the thread on `store`; answers go to `done`.
-    pub fn start(mut store: Store, done: mpsc::UnboundedSender<Finished>) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<Work>();
-        let thread = std::thread::Builder::new()
-            .name("mill-commit".into())
-            .spawn(move || {
-                while let Ok(work) = rx.recv() {
-                    match work {
-                        Work::Commit { batches, now_ms } => {
-                            let started = Instant::now();
-                            let r = store.apply(&batches, now_ms);
-                            let took = started.elapsed();
-                            // Dropped here, not on the driver's thread.
-                            drop(batches);
-                            let failed = r.is_err();
-                            let _ = done.send(Finished::Committed(r.map(|()| took)));
-                            if failed {
-                                // Nothing after a failed commit may be written (fail-stop).
-                                return Ok(());
-                            }
-                        }
-                        Work::Purge {
-                            cutoff_ms,
-                            keep,
-                            limit,
-                        } => {
-                            let started = Instant::now();
-                            // No done row is open in the mill (I2: the store never runs
-                            // ahead of it); the driver checks the answer against its jobs.
-                            let r = store.purge_finished(cutoff_ms, keep, limit, |_| false);
-                            let _ = done.send(Finished::Purged(r.map(|p| (p, started.elapsed()))));
+    pub fn start(store: Store, done: mpsc::UnboundedSender<Finished>) -> std::io::Result<Self> {
+        #[cfg(not(madsim))]
+        {
+            let (tx, rx) = std::sync::mpsc::channel::<Work>();
+            let thread = std::thread::Builder::new()
+                .name("mill-commit".into())
+                .spawn(move || {
+                    let mut store = store;
+                    while let Ok(work) = rx.recv() {
+                        if !do_work(&mut store, work, &done) {
+                            return Ok(());
                         }
                     }
+                    close(store)
+                })?;
+            Ok(Committer {
+                tx: Some(tx),
+                thread: Some(thread),
+            })
+        }
+        #[cfg(madsim)]
+        {
+            // A task of the simulated node (no system threads). Each commit first waits a
+            // simulated fsync: a kill inside it loses the commit's writes, as a crash before
+            // the sync would, and nothing that follows them was acted on.
+            let (tx, mut rx) = mpsc::unbounded_channel::<Work>();
+            let thread = tokio::task::spawn_local(async move {
+                let mut store = store;
+                while let Some(work) = rx.recv().await {
+                    if matches!(work, Work::Commit { .. }) {
+                        let _inside = Committing::enter();
+                        tokio::time::sleep(SIM_FSYNC).await;
+                    }
+                    if !do_work(&mut store, work, &done) {
+                        return Ok(());
+                    }
                 }
-                let path = store.describe();
-                store.close()?;
-                tracing::info!(store = %path, "mill store closed");
-                Ok(())
-            })?;
-        Ok(Committer {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+                close(store)
+            });
+            Ok(Committer {
+                tx: Some(tx),
+                thread: Some(thread),
+            })
+        }
     }
 
     /// Queues `work`; false if the thread is gone (it stopped after a failed commit).
@@ -106,15 +114,96 @@ impl Committer {
     }
 
     /// Lets the thread finish what is queued, close the store and end.
-    pub fn close(mut self) -> Result<(), StoreError> {
+    pub async fn close(mut self) -> Result<(), StoreError> {
         drop(self.tx.take());
-        match self.thread.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => Err(StoreError::Io {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        // The driver's own thread waits: nothing else runs on it (the madsim build awaits
+        // the committer's task instead).
+        #[cfg(not(madsim))]
+        let joined = thread.join().map_err(|_| ());
+        #[cfg(madsim)]
+        let joined = thread.await.map_err(|_| ());
+        match joined {
+            Ok(r) => r,
+            Err(()) => Err(StoreError::Io {
                 path: "mill-commit".into(),
                 source: std::io::Error::other("the commit thread panicked"),
             }),
-            None => Ok(()),
         }
     }
+}
+
+/// How long a simulated commit's fsync takes (madsim build).
+#[cfg(madsim)]
+const SIM_FSYNC: Duration = Duration::from_millis(2);
+
+#[cfg(madsim)]
+thread_local! {
+    /// A commit's simulated fsync is running (one simulation per thread): the madsim suite
+    /// kills or stops the mill in the middle of one.
+    static COMMITTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks a commit's fsync as running until dropped: at its end, or when a kill drops the
+/// committer's task inside it.
+#[cfg(madsim)]
+struct Committing;
+
+#[cfg(madsim)]
+impl Committing {
+    fn enter() -> Self {
+        COMMITTING.with(|c| c.set(true));
+        Committing
+    }
+}
+
+#[cfg(madsim)]
+impl Drop for Committing {
+    fn drop(&mut self) {
+        COMMITTING.with(|c| c.set(false));
+    }
+}
+
+/// Whether the mill of this thread's simulation is inside a commit (madsim build).
+#[cfg(madsim)]
+pub fn committing() -> bool {
+    COMMITTING.with(std::cell::Cell::get)
+}
+
+/// Does one piece of work and answers it; false after a failed commit (fail-stop: nothing
+/// after it may be written).
+fn do_work(store: &mut Store, work: Work, done: &mpsc::UnboundedSender<Finished>) -> bool {
+    match work {
+        Work::Commit { batches, now_ms } => {
+            let started = Instant::now();
+            let r = store.apply(&batches, now_ms);
+            let took = started.elapsed();
+            // Dropped here, not on the driver's thread.
+            drop(batches);
+            let failed = r.is_err();
+            let _ = done.send(Finished::Committed(r.map(|()| took)));
+            !failed
+        }
+        Work::Purge {
+            cutoff_ms,
+            keep,
+            limit,
+        } => {
+            let started = Instant::now();
+            // No done row is open in the mill (I2: the store never runs ahead of it); the
+            // driver checks the answer against its jobs.
+            let r = store.purge_finished(cutoff_ms, keep, limit, |_| false);
+            let _ = done.send(Finished::Purged(r.map(|p| (p, started.elapsed()))));
+            true
+        }
+    }
+}
+
+fn close(store: Store) -> Result<(), StoreError> {
+    let path = store.describe();
+    store.close()?;
+    tracing::info!(store = %path, "mill store closed");
+    Ok(())
 }

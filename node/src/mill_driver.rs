@@ -14,7 +14,7 @@
 //! committer close the store. Nothing else ever touches the store, so no close can land in
 //! the middle of a commit.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -406,7 +406,7 @@ struct Driver {
     /// A retention batch is queued or running on the committer.
     purging: bool,
     clock: Clock,
-    conns: HashMap<ConnId, mpsc::Sender<ConnOut<ToExecutor>>>,
+    conns: BTreeMap<ConnId, mpsc::Sender<ConnOut<ToExecutor>>>,
     /// Outputs of the steps since the last commit was handed over, in order.
     outs: Vec<MillOutput>,
     /// Their answers.
@@ -446,7 +446,7 @@ pub fn spawn(
         millrace_core::Seqno,
     >,
     retention: Retention,
-) -> std::io::Result<(MillHandle, std::thread::JoinHandle<Result<(), DriverError>>)> {
+) -> std::io::Result<(MillHandle, crate::rt::Joiner<Result<(), DriverError>>)> {
     let (tx, rx) = mpsc::channel(CMD_QUEUE);
     let latency_us = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -459,7 +459,7 @@ pub fn spawn(
         inflight: None,
         purging: false,
         clock,
-        conns: HashMap::new(),
+        conns: BTreeMap::new(),
         outs: Vec::new(),
         deferred: Vec::new(),
         metrics: MillMetrics::with_cursors(restored_cursors),
@@ -474,18 +474,16 @@ pub fn spawn(
         forget_pending: Vec::new(),
         done_pending: Vec::new(),
     };
-    let handle = std::thread::Builder::new()
-        .name("mill-driver".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .map_err(|e| StoreError::Io {
-                    path: "runtime".into(),
-                    source: e,
-                })?;
-            rt.block_on(driver.run(rx))
-        })?;
+    let handle = crate::rt::spawn_async(
+        "mill-driver".into(),
+        move || driver.run(rx),
+        |e| {
+            Err(DriverError::from(StoreError::Io {
+                path: "runtime".into(),
+                source: e,
+            }))
+        },
+    )?;
     Ok((MillHandle { tx }, handle))
 }
 
@@ -565,14 +563,14 @@ impl Driver {
         // end its connection and abort the writer with the last sends still queued.
         self.close_connections().await;
         drop(rx);
-        self.committer.close()?;
+        self.committer.close().await?;
         Ok(())
     }
 
     /// Closes every connection after what is queued for it, and waits (bounded) until the
     /// writers have put it on the wire: the sends of the last step leave before the process.
     async fn close_connections(&mut self) {
-        let conns: Vec<_> = self.conns.drain().map(|(_, tx)| tx).collect();
+        let conns: Vec<_> = std::mem::take(&mut self.conns).into_values().collect();
         for tx in &conns {
             let _ = tx.try_send(ConnOut::Close("the mill is shutting down".into()));
         }
@@ -832,7 +830,7 @@ impl Driver {
     }
 
     fn nodes(&self) -> Vec<NodeView> {
-        let mut leases: HashMap<&NodeId, (usize, usize)> = HashMap::new();
+        let mut leases: BTreeMap<&NodeId, (usize, usize)> = BTreeMap::new();
         for (_, _, node, _, state, _) in self.mill.leases() {
             let e = leases.entry(node).or_default();
             e.0 += 1;
@@ -1110,7 +1108,9 @@ impl Driver {
     }
 }
 
+// Real threads and runtimes: the production build only (the madsim build runs madsim_tests).
 #[cfg(test)]
+#[cfg(not(madsim))]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -1142,7 +1142,7 @@ mod tests {
     /// (the Welcome that followed the Hello reaches the connection before its Close) — and
     /// only then is the store closed, by the driver's own thread. Nothing queued after
     /// `Shutdown` is taken.
-    type Thread = std::thread::JoinHandle<Result<(), DriverError>>;
+    type Thread = crate::rt::Joiner<Result<(), DriverError>>;
 
     /// A driver on a fresh store in `dir`, and a runtime to talk to it from the test.
     fn driver(dir: &std::path::Path) -> (MillHandle, Thread, tokio::runtime::Runtime) {

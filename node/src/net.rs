@@ -12,6 +12,7 @@ use std::time::Duration;
 use millrace_core::codec::{encode_into, CodecError, FrameDecoder};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+#[cfg(not(madsim))]
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -126,6 +127,7 @@ pub trait Transport: Send + 'static {
     fn split(self) -> (Self::Read, Self::Write);
 }
 
+#[cfg(not(madsim))]
 impl Transport for TcpStream {
     type Read = OwnedReadHalf;
     type Write = OwnedWriteHalf;
@@ -134,6 +136,19 @@ impl Transport for TcpStream {
     }
     fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         self.into_split()
+    }
+}
+
+/// madsim's stream has no owned halves: the shared split (issue 16's build only).
+#[cfg(madsim)]
+impl Transport for TcpStream {
+    type Read = ReadHalf<Self>;
+    type Write = WriteHalf<Self>;
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+    fn split(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
     }
 }
 
@@ -178,6 +193,7 @@ where
     let mut writer = tokio::spawn(write_loop(wr, out));
     let reader = read_loop(rd, decode, deliver);
     tokio::select! {
+        biased;
         ended = reader => {
             writer.abort();
             ended

@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::cli::{ExecTuning, MillTuning, Timing};
 use crate::clock::Clock;
+use crate::exec_driver::Engine;
 use crate::exec_driver::{self, ExecDriverParts};
 use crate::exec_store::ExecStore;
 use crate::http::{self, Api};
@@ -24,7 +25,7 @@ use crate::mill_driver::{self, JobEvent, MillCmd, MillHandle, EVENT_BUFFER};
 use crate::net::{self, OUT_QUEUE};
 use crate::pg_store::PgStore;
 use crate::preauth::{Preauth, PreauthConfig, Reject, Rejected};
-use crate::shell::{EngineSettings, ShellEngine};
+use crate::shell::EngineSettings;
 use crate::sqlite::StoreError;
 use crate::store::{Reader, Store, StoreLocation};
 
@@ -252,8 +253,8 @@ pub struct MillNode {
     /// Job events (after they are durable).
     pub events: broadcast::Sender<JobEvent>,
     shutdown: watch::Sender<bool>,
-    driver: std::thread::JoinHandle<Result<(), mill_driver::DriverError>>,
-    logs: std::thread::JoinHandle<()>,
+    driver: crate::rt::Joiner<Result<(), mill_driver::DriverError>>,
+    logs: crate::rt::Joiner<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Renews the leadership of a PostgreSQL store.
     watchdog: Option<crate::standby::Watchdog>,
@@ -469,9 +470,15 @@ async fn start_leading(
 
     let (exec_listener, http_listener) = match listeners {
         Some(l) => {
+            #[cfg(not(madsim))]
             let wrap = |l: std::net::TcpListener| {
                 l.set_nonblocking(true)?;
                 TcpListener::from_std(l)
+            };
+            // Leading listeners come from a PostgreSQL campaign, never simulated (issue 16).
+            #[cfg(madsim)]
+            let wrap = |_: std::net::TcpListener| -> std::io::Result<TcpListener> {
+                Err(std::io::Error::other("standing by is not simulated"))
             };
             (
                 wrap(l.executor).map_err(io("executor listener"))?,
@@ -639,17 +646,11 @@ impl MillNode {
         // Fails only if the driver already stopped (a failed commit); join tells why.
         let _ = self.handle.sender().send(MillCmd::Shutdown).await;
         let driver = self.driver;
-        let result = tokio::task::spawn_blocking(move || driver.join())
-            .await
-            .map_err(|e| NodeError::Driver(e.to_string()))?;
+        let result = driver.wait().await;
         drop(self.handle);
         drop(self.events);
         let logs = self.logs;
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::task::spawn_blocking(move || logs.join()),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), logs.wait()).await;
         if let Some(w) = self.watchdog {
             // The last commit is done (or failed): hand over now, not at the lease's end.
             w.resign().await;
@@ -720,6 +721,7 @@ async fn accept_loop(
     let mut failures = 0u64;
     loop {
         let accepted = tokio::select! {
+            biased;
             _ = shutdown.wait_for(|s| *s) => return,
             a = listener.accept() => a,
         };
@@ -903,7 +905,7 @@ fn mem_total_mb(meminfo: &str) -> Option<u64> {
 /// A running executor.
 pub struct ExecNode {
     shutdown: watch::Sender<bool>,
-    driver: std::thread::JoinHandle<Result<(), exec_driver::ExecDriverError>>,
+    driver: crate::rt::Joiner<Result<(), exec_driver::ExecDriverError>>,
 }
 
 /// Opens the store (a new one gets a random epoch, E1), kills leftovers of the previous
@@ -955,7 +957,7 @@ pub fn start_executor(
         );
     }
     let known: std::collections::BTreeSet<_> = snapshot.jobs.keys().copied().collect();
-    ShellEngine::sweep_foreign(&opts.data, snapshot.epoch, &known, opts.tuning.stop_grace);
+    Engine::sweep_foreign(&opts.data, snapshot.epoch, &known, opts.tuning.stop_grace);
     let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
     config.mills = mill_addrs.clone();
     config.labels = opts
@@ -1021,7 +1023,7 @@ pub fn start_executor(
         );
     }
     let (tx, rx) = mpsc::channel(exec_driver::CMD_QUEUE);
-    let engine = ShellEngine::new(
+    let engine = Engine::new(
         EngineSettings {
             data: opts.data.clone(),
             epoch,
@@ -1074,9 +1076,7 @@ impl ExecNode {
     pub async fn stop(self) -> Result<(), NodeError> {
         let _ = self.shutdown.send(true);
         let driver = self.driver;
-        let r = tokio::task::spawn_blocking(move || driver.join())
-            .await
-            .map_err(|e| NodeError::Driver(e.to_string()))?;
+        let r = driver.wait().await;
         match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(NodeError::Driver(e.to_string())),
@@ -1092,6 +1092,9 @@ impl ExecNode {
 
 /// Waits for SIGINT or SIGTERM.
 pub async fn signalled() {
+    #[cfg(madsim)]
+    let term = std::future::pending::<()>();
+    #[cfg(not(madsim))]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -1101,6 +1104,7 @@ pub async fn signalled() {
         }
     };
     tokio::select! {
+        biased;
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
     }

@@ -278,6 +278,7 @@ impl Preauth {
         };
         let read = tokio::time::timeout(self.config.hello_timeout, first);
         let r = tokio::select! {
+            biased;
             r = read => match r {
                 Ok(r) => r,
                 Err(_) => Err(Rejected {

@@ -564,14 +564,24 @@ async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
     }
 }
 
+#[cfg(not(madsim))]
 type Reader = tokio::net::unix::OwnedReadHalf;
+#[cfg(not(madsim))]
 type Writer = tokio::net::unix::OwnedWriteHalf;
+// The madsim build (issue 16) compiles the shell engine but runs its simulated one.
+#[cfg(madsim)]
+type Reader = tokio::io::ReadHalf<tokio::net::UnixStream>;
+#[cfg(madsim)]
+type Writer = tokio::io::WriteHalf<tokio::net::UnixStream>;
 
 /// Connects to the job's supervisor and greets it; its job's pid.
 async fn attach(ctx: &Ctx) -> Result<(Reader, Writer, i32), String> {
     let stream = connect(&ctx.dir).await?;
     let go = async {
+        #[cfg(not(madsim))]
         let (mut reader, mut writer) = stream.into_split();
+        #[cfg(madsim)]
+        let (mut reader, mut writer) = tokio::io::split(stream);
         let hello = ToSupervisor::Hello {
             version: supervisor::PROTOCOL,
             epoch: ctx.settings.epoch.get(),

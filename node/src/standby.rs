@@ -374,6 +374,15 @@ impl Listeners {
         let h = TcpListener::bind(http)
             .await
             .map_err(io(format!("HTTP listener {http}")))?;
+        // HA over PostgreSQL is not simulated (issue 16: the madsim build has no such store).
+        #[cfg(madsim)]
+        {
+            let _ = (e, h);
+            return Err(io("standby listeners".to_string())(std::io::Error::other(
+                "standing by is not simulated",
+            )));
+        }
+        #[cfg(not(madsim))]
         Ok(Listeners {
             executor: e.into_std().map_err(io("executor listener".to_string()))?,
             http: h.into_std().map_err(io("HTTP listener".to_string()))?,
@@ -390,6 +399,9 @@ impl Listeners {
         let h = self.http.try_clone()?;
         e.set_nonblocking(true)?;
         h.set_nonblocking(true)?;
+        #[cfg(madsim)]
+        return Err(std::io::Error::other("standing by is not simulated"));
+        #[cfg(not(madsim))]
         Ok((TcpListener::from_std(e)?, TcpListener::from_std(h)?))
     }
 }
@@ -446,6 +458,7 @@ pub async fn stand_by(
     tokio::pin!(stop);
     let won = loop {
         tokio::select! {
+            biased;
             () = &mut stop => break None,
             () = tokio::time::sleep(ha.period()) => {}
         }
@@ -537,6 +550,7 @@ async fn refuse_executors(
 ) {
     loop {
         let accepted = tokio::select! {
+            biased;
             _ = shutdown.wait_for(|s| *s) => return,
             a = listener.accept() => a,
         };

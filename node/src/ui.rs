@@ -200,7 +200,7 @@ fn csrf_header(headers: &HeaderMap) -> bool {
 
 /// The `/ui` routes. They sit outside the API's JSON error layer: their errors are pages.
 pub fn routes(limits: &HttpLimits) -> Router<Api> {
-    Router::new()
+    let app = Router::new()
         .route("/ui", get(to_jobs))
         .route("/ui/", get(to_jobs))
         .route("/ui/login", get(login_page).post(login))
@@ -210,10 +210,8 @@ pub fn routes(limits: &HttpLimits) -> Router<Api> {
         .route("/ui/nodes", get(nodes_page))
         .route("/ui/app.js", get(app_js))
         .route("/ui/style.css", get(style))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            limits.body_timeout,
-        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM));
+    crate::http::with_body_timeout(app, limits.body_timeout)
         .layer(middleware::from_fn(guard_headers))
 }
 
