@@ -5,7 +5,8 @@ For each mutation: apply one exact text replacement to a scratch copy of the tre
 node under `--cfg madsim` into one shared target directory (only the node recompiles between
 mutations), run `madsim_cluster_keeps_its_promises_under_faults` over the CI seeds and say
 whether an invariant failed. A breakage counts as caught only when the suite reports an
-invariant (I1, I2, I3, M31, liveness) or the node panics; a build error is reported as such.
+invariant (I1, I2, I3, M31, liveness, or I10: the second run of a seed drawing madsim's RNG
+differently from the first) or the node panics; a build error is reported as such.
 
     python3 ci/node_mutants.py               # every mutation, a table to stdout
     python3 ci/node_mutants.py --only node-acts-before-commit
@@ -65,7 +66,7 @@ def run(m: dict, src: Path, target: Path, seeds: str) -> tuple[str, str, float]:
         return ("build failed", out[-400:], took)
     if p.returncode == 0:
         return ("NOT caught", "", took)
-    found = re.findall(r"^  ((?:I\d+|M31|liveness|I2/M31)[^\n]*)", out, re.M)
+    found = re.findall(r"^  ((?:I\d+|M31|liveness|I2/M31|non-determinism|second run: )[^\n]*)", out, re.M)
     seeds_failed = re.findall(r"^seed (\d+):\s*$", out, re.M)
     if found:
         first = seeds_failed[0] if seeds_failed else "?"

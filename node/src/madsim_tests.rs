@@ -11,11 +11,16 @@
 //! - I1: no job's engine starts twice anywhere in the fleet (no retry policy: M32);
 //! - I2: one job per idempotency key, and a terminal once seen never changes;
 //! - I3: a job whose engine run ended Success on an executor whose store was never wiped
-//!   ends Success (every outage here is shorter than `reconnect_grace`).
+//!   ends Success (every outage here is shorter than `reconnect_grace`);
+//! - I11: a job whose cancel the mill accepted (a fifth of the short jobs, through the
+//!   faults, and three two-minute jobs once the fleet healed) ends cancelled unless its engine
+//!   ended on its own first, and on the healed fleet its run stops within the mill's
+//!   `cancel_ack_timeout` plus the executor's stop grace;
 //!
-//! Determinism is not there yet: see `madsim_determinism_check_of_one_seed`, ignored with
-//! the reason. A failing seed's replay reruns its schedule and workload, not always its exact
-//! interleaving.
+//! - determinism: each seed runs twice, each time in a fresh process; the second run checks
+//!   every draw of madsim's RNG (and the simulated instant of each) against the first's log,
+//!   and both must end with the same outcome hash. So a failing seed's replay (`SEED=S`) is
+//!   the same run to the instant.
 //!
 //! Run: `RUSTFLAGS="--cfg madsim" cargo test -p node --bin millrace --target-dir
 //! target/madsim madsim_` (`SEEDS=N` runs N seeds from 1; `SEED=S` replays one).
@@ -23,6 +28,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
@@ -30,6 +36,7 @@ use madsim::rand::Rng;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use millrace_core::job::TerminalStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
 use crate::cli::{Cli, Cmd};
 use crate::clock::Clock;
@@ -37,7 +44,15 @@ use crate::node::{ExecOptions, MillOptions};
 use crate::sim_engine;
 
 const EXECUTORS: usize = 3;
+/// How to rerun one seed (after `SEED=S`).
+const REPLAY: &str = "RUSTFLAGS=\"--cfg madsim\" cargo test -p node --bin millrace --target-dir target/madsim madsim_ -- --nocapture";
 const JOBS: usize = 24;
+/// Jobs of two simulated minutes, submitted first: still running when the fleet heals, each is
+/// cancelled then, on a connected fleet, where I11 bounds how long its run may go on.
+const LONG_JOBS: usize = 3;
+/// How long after the heal the long jobs are cancelled: every executor has redialled by then
+/// (`--backoff-max 500ms`, `--silence-timeout 2s`).
+const CANCEL_AFTER_HEAL: Duration = Duration::from_secs(5);
 const MILL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const EXEC_PORT: u16 = 7071;
 const HTTP_PORT: u16 = 8080;
@@ -162,6 +177,26 @@ async fn http(method: &str, path: &str, key: Option<&str>, body: &str) -> Option
     r
 }
 
+/// Cancels a job through the API until the mill answers: 202 (accepted, recorded with the
+/// time), or 409 (it had ended). Gives up after [`SETTLE`].
+async fn cancel_job(key: &str, id: u64, accepted: &Mutex<Vec<(String, u64, Instant)>>) {
+    let give_up = Instant::now() + SETTLE;
+    while Instant::now() < give_up {
+        match http("POST", &format!("/v1/jobs/{id}/cancel"), None, "").await {
+            Some((202, _)) => {
+                accepted.lock().unwrap_or_else(|e| e.into_inner()).push((
+                    key.to_string(),
+                    id,
+                    Instant::now(),
+                ));
+                return;
+            }
+            Some((409, _)) => return,
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
 /// What a seed ended with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Outcome {
@@ -171,6 +206,8 @@ struct Outcome {
     starts: usize,
     /// Faults injected, by kind.
     faults: BTreeMap<&'static str, u32>,
+    /// Cancels the mill accepted (202), by key: simulated milliseconds since the start.
+    cancels: BTreeMap<String, u64>,
     /// What failed, if anything.
     violations: Vec<String>,
     /// Simulated time the seed took.
@@ -180,7 +217,10 @@ struct Outcome {
 impl Outcome {
     fn hash(&self) -> u64 {
         // FNV-1a over the debug form: stable across runs of one build.
-        let text = format!("{:?}|{}|{:?}", self.jobs, self.starts, self.faults);
+        let text = format!(
+            "{:?}|{}|{:?}|{:?}|{:?}|{:?}",
+            self.jobs, self.starts, self.faults, self.cancels, self.violations, self.simulated
+        );
         text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
@@ -266,28 +306,71 @@ async fn scenario(seed: u64) -> Outcome {
         .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 99)))
         .build();
     let client_id = client.id();
-    let submitter = client.spawn(async move {
-        let mut ids: BTreeMap<String, u64> = BTreeMap::new();
-        for k in 0..JOBS {
-            let ms = madsim::rand::thread_rng().gen_range(100..3000u64);
-            let code = u8::from(madsim::rand::thread_rng().gen_range(0..6u8) == 0);
-            let key = format!("job-{k}");
-            let body = format!(r#"{{"command": "sim {ms} {code}"}}"#);
-            let give_up = tokio::time::Instant::now() + SETTLE;
-            while tokio::time::Instant::now() < give_up {
-                if let Some((200 | 201, text)) = http("POST", "/v1/jobs", Some(&key), &body).await {
-                    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                    if let Some(id) = v.get("id").and_then(serde_json::Value::as_u64) {
-                        ids.insert(key, id);
-                        break;
+    // Cancels the mill accepted: key, job, when (I11).
+    let accepted: Arc<Mutex<Vec<(String, u64, Instant)>>> = Arc::default();
+    // Set when the faults are over and healed.
+    let healed: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let submitter = client.spawn({
+        let (accepted, healed) = (accepted.clone(), healed.clone());
+        async move {
+            let mut ids: BTreeMap<String, u64> = BTreeMap::new();
+            let mut long = Vec::new();
+            for k in 0..LONG_JOBS + JOBS {
+                let (key, body) = if k < LONG_JOBS {
+                    (
+                        format!("long-{k}"),
+                        r#"{"command": "sim 120000 0"}"#.to_string(),
+                    )
+                } else {
+                    let ms = madsim::rand::thread_rng().gen_range(100..3000u64);
+                    let code = u8::from(madsim::rand::thread_rng().gen_range(0..6u8) == 0);
+                    (
+                        format!("job-{}", k - LONG_JOBS),
+                        format!(r#"{{"command": "sim {ms} {code}"}}"#),
+                    )
+                };
+                let give_up = tokio::time::Instant::now() + SETTLE;
+                while tokio::time::Instant::now() < give_up {
+                    if let Some((200 | 201, text)) =
+                        http("POST", "/v1/jobs", Some(&key), &body).await
+                    {
+                        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                        if let Some(id) = v.get("id").and_then(serde_json::Value::as_u64) {
+                            ids.insert(key.clone(), id);
+                            if k < LONG_JOBS {
+                                long.push((key, id));
+                            } else if madsim::rand::thread_rng().gen_range(0..5u8) == 0 {
+                                // A fifth of the short jobs are cancelled through the faults,
+                                // queued, placed, running or just ended.
+                                let wait = madsim::rand::thread_rng().gen_range(0..2500u64);
+                                let accepted = accepted.clone();
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                                    cancel_job(&key, id, &accepted).await;
+                                });
+                            }
+                            break;
+                        }
                     }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                let gap = madsim::rand::thread_rng().gen_range(0..1500u64);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
             }
-            let gap = madsim::rand::thread_rng().gen_range(0..1500u64);
-            tokio::time::sleep(Duration::from_millis(gap)).await;
+            // The long jobs, once the fleet is whole again.
+            loop {
+                let at = *healed.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at + CANCEL_AFTER_HEAL).await;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            for (key, id) in long {
+                cancel_job(&key, id, &accepted).await;
+            }
+            ids
         }
-        ids
     });
 
     // The faults.
@@ -388,12 +471,15 @@ async fn scenario(seed: u64) -> Outcome {
         }
     }
 
+    let healed_at = Instant::now();
+    *healed.lock().unwrap_or_else(|e| e.into_inner()) = Some(healed_at);
     let ids = submitter.await.unwrap_or_default();
     let mut violations = Vec::new();
-    if ids.len() != JOBS {
+    if ids.len() != LONG_JOBS + JOBS {
         violations.push(format!(
-            "only {} of {JOBS} submits were answered",
-            ids.len()
+            "only {} of {} submits were answered",
+            ids.len(),
+            LONG_JOBS + JOBS
         ));
     }
     let mut seen_ids: BTreeMap<u64, &str> = BTreeMap::new();
@@ -474,6 +560,9 @@ async fn scenario(seed: u64) -> Outcome {
             violations.push(format!("I1: job {job} started {} times: {rs:?}", rs.len()));
         }
     }
+    let accepted = accepted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let accepted_keys: std::collections::BTreeSet<&str> =
+        accepted.iter().map(|(k, _, _)| k.as_str()).collect();
     for (key, (id, state, _)) in &jobs {
         let succeeded = starts.get(id).is_some_and(|rs| {
             rs.iter().any(|r| {
@@ -481,10 +570,59 @@ async fn scenario(seed: u64) -> Outcome {
                     && !wiped.iter().any(|w| r.machine.starts_with(w))
             })
         });
-        if succeeded && state != "success" {
+        // I11 lets a cancel win over an engine's end that had not been sent when the cancel
+        // reached the executor; which came first at the executor is not observed here, so a
+        // cancelled job whose cancel the mill accepted is not held to I3.
+        let cancel_won = state == "cancelled" && accepted_keys.contains(key.as_str());
+        if succeeded && state != "success" && !cancel_won {
             violations.push(format!(
                 "I3: job {id} ({key}) ran to success on a kept store but ended {state}"
             ));
+        }
+    }
+    // I11: a job whose cancel the mill accepted ends cancelled, unless its engine ended on
+    // its own first; and a cancel accepted on the healed fleet stops the job's run within
+    // the mill's cancel_ack_timeout plus the executor's stop grace.
+    let bound =
+        mill_options(&root).tuning.cancel_ack_timeout + exec_options(&root, 0).tuning.stop_grace;
+    let mut cancels = BTreeMap::new();
+    for (key, id, at) in &accepted {
+        cancels.insert(
+            key.clone(),
+            u64::try_from((*at - started).as_millis()).unwrap_or(u64::MAX),
+        );
+        let rs = starts.get(id).map(Vec::as_slice).unwrap_or_default();
+        let ended_itself = rs.iter().any(|r| {
+            matches!(
+                r.ended,
+                Some(TerminalStatus::Success | TerminalStatus::Failed)
+            )
+        });
+        if let Some((_, state, _)) = jobs.get(key) {
+            if state != "cancelled" && !ended_itself {
+                violations.push(format!(
+                    "I11: job {id} ({key}) ended {state} after its cancel was accepted, and no engine run of it ended on its own: {rs:?}"
+                ));
+            }
+        }
+        if *at >= healed_at {
+            for r in rs {
+                if wiped.iter().any(|w| r.machine.starts_with(w)) {
+                    continue;
+                }
+                let late = match r.ended_at {
+                    Some(e) => e > *at + bound,
+                    None => true,
+                };
+                if late {
+                    violations.push(format!(
+                        "I11: job {id} ({key}) cancelled at {:?} on the healed fleet, its run {:?} ended at {:?} (bound {bound:?})",
+                        *at - started,
+                        r.lease,
+                        r.ended_at.map(|e| e - started)
+                    ));
+                }
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&root);
@@ -492,6 +630,7 @@ async fn scenario(seed: u64) -> Outcome {
         jobs,
         starts: runs.len(),
         faults,
+        cancels,
         violations,
         simulated: started.elapsed(),
     }
@@ -505,11 +644,147 @@ fn init_logs() {
         .try_init();
 }
 
-fn run_seed(seed: u64) -> Outcome {
+/// Set in a child process: the seed it runs (the suite runs each seed in a process of its own).
+const CHILD_SEED: &str = "MILLRACE_MADSIM_CHILD_SEED";
+/// Set in a child process: where it writes madsim's determinism log of its run.
+const CHILD_LOG: &str = "MILLRACE_MADSIM_CHILD_LOG";
+/// Set in a child process: the log of an earlier run of its seed to check every RNG draw of
+/// this one against (madsim's determinism check, across processes).
+const CHILD_CHECK: &str = "MILLRACE_MADSIM_CHILD_CHECK";
+/// The line a child prints its report on.
+const REPORT_TAG: &str = "MILLRACE-MADSIM-REPORT ";
+
+/// What a child process reports to the suite: the outcome and its hash.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Report {
+    seed: u64,
+    jobs: usize,
+    starts: usize,
+    faults: BTreeMap<String, u32>,
+    /// Cancels the mill accepted.
+    cancels: usize,
+    violations: Vec<String>,
+    simulated_ns: u64,
+    hash: u64,
+    /// The determinism log's length (log mode) or the draws checked (check mode).
+    draws: usize,
+}
+
+/// One seed, in this process, on a thread of its own, with madsim's determinism log taken
+/// (`log`) or checked against an earlier run's (`check`).
+///
+/// Why a process per seed: tokio's `watch` channels (the node's shutdown signal, madsim's
+/// ctrl-c) pick which of eight queues a waiter joins from tokio's thread RNG, which is seeded
+/// from a process-wide counter, so a seed run second in a process wakes its waiters in another
+/// order than the same seed run first (madsim's in-process `check_determinism` fails for that
+/// reason). Every process-wide counter (connection ids, madsim's task ids) starts over too.
+/// Why a thread: std's `HashMap` keys are drawn once per thread, and madsim seeds them only on
+/// a thread that has drawn none yet (`node/build.rs` exports its `getrandom` so std finds it).
+fn run_seed(seed: u64, log: Option<&Path>, check: Option<&Path>) -> Result<Report, String> {
     init_logs();
-    let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
-    rt.set_time_limit(FAULT_TIME + SETTLE + Duration::from_secs(120));
-    rt.block_on(scenario(seed))
+    let check = match check {
+        Some(p) => Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let record = log.is_some();
+    let run = std::thread::Builder::new()
+        .name(format!("madsim-seed-{seed}"))
+        .spawn(move || {
+            let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
+            rt.set_time_limit(FAULT_TIME + SETTLE + Duration::from_secs(120));
+            if record {
+                rt.enable_determinism_log();
+            }
+            if let Some(c) = check {
+                rt.enable_determinism_check(c);
+            }
+            let out = rt.block_on(scenario(seed));
+            (out, rt.take_determinism_log())
+        })
+        .map_err(|e| format!("cannot start the seed's thread: {e}"))?;
+    let (out, det) = run.join().map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+            .unwrap_or_else(|| "a panic without a message".into())
+    })?;
+    let draws = match det {
+        Ok(bytes) => {
+            if let Some(p) = log {
+                std::fs::write(p, &bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            bytes.len()
+        }
+        Err((made, logged)) => {
+            return Err(format!(
+                "non-determinism: this run made {made} RNG draws, the first made {logged}"
+            ))
+        }
+    };
+    Ok(Report {
+        seed,
+        jobs: out.jobs.len(),
+        starts: out.starts,
+        faults: out
+            .faults
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), *v))
+            .collect(),
+        cancels: out.cancels.len(),
+        violations: out.violations.clone(),
+        simulated_ns: u64::try_from(out.simulated.as_nanos()).unwrap_or(u64::MAX),
+        hash: out.hash(),
+        draws,
+    })
+}
+
+/// Runs one seed in a child process of this test binary (see [`run_seed`] for why).
+fn run_child(seed: u64, log: Option<&Path>, check: Option<&Path>) -> Result<Report, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "--exact",
+        "madsim_tests::madsim_cluster_keeps_its_promises_under_faults",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_SEED, seed.to_string())
+    .env_remove(CHILD_LOG)
+    .env_remove(CHILD_CHECK);
+    if let Some(p) = log {
+        cmd.env(CHILD_LOG, p);
+    }
+    if let Some(p) = check {
+        cmd.env(CHILD_CHECK, p);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the child: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // libtest prints the test's name on the line the report starts on.
+    let reported = stdout
+        .lines()
+        .find_map(|l| l.find(REPORT_TAG).map(|i| &l[i + REPORT_TAG.len()..]));
+    match reported {
+        Some(json) => serde_json::from_str(json).map_err(|e| format!("bad report {json}: {e}")),
+        None => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let said: Vec<&str> = stderr
+                .lines()
+                .chain(stdout.lines())
+                .filter(|l| {
+                    l.contains("panicked") || l.contains("non-determinism") || l.contains("error")
+                })
+                .take(6)
+                .collect();
+            Err(format!(
+                "the child ended {} without a report: {}",
+                out.status,
+                said.join(" | ")
+            ))
+        }
+    }
 }
 
 fn seeds() -> Vec<u64> {
@@ -523,64 +798,93 @@ fn seeds() -> Vec<u64> {
     (1..=n).collect()
 }
 
-/// The suite: every seed's checks, then determinism of the first seed twice over.
+/// The suite: every seed run twice, each time in a process of its own; the first run's
+/// checks must hold, and the second must draw madsim's RNG exactly as the first did at the
+/// same simulated instants (madsim's determinism check, across processes) and end with the
+/// same outcome hash. A child (`MILLRACE_MADSIM_CHILD_SEED` set) runs its one seed and prints
+/// its report instead.
 #[test]
 fn madsim_cluster_keeps_its_promises_under_faults() {
-    let mut failed = Vec::new();
-    let wall = std::time::Instant::now();
-    let mut simulated = Duration::ZERO;
+    if let Some(seed) = std::env::var(CHILD_SEED).ok().and_then(|s| s.parse().ok()) {
+        let log = std::env::var_os(CHILD_LOG).map(PathBuf::from);
+        let check = std::env::var_os(CHILD_CHECK).map(PathBuf::from);
+        match run_seed(seed, log.as_deref(), check.as_deref()) {
+            Ok(r) => match serde_json::to_string(&r) {
+                Ok(json) => println!("{REPORT_TAG}{json}"),
+                Err(e) => panic!("seed {seed}: report: {e}"),
+            },
+            Err(e) => panic!("seed {seed}: {e}"),
+        }
+        return;
+    }
     let seeds = seeds();
-    for &seed in &seeds {
-        let out = run_seed(seed);
-        simulated += out.simulated;
-        println!(
-            "seed {seed}: {} jobs ended, {} engine starts, faults {:?}, hash {:016x}",
-            out.jobs.len(),
-            out.starts,
-            out.faults,
-            out.hash()
-        );
-        if !out.violations.is_empty() {
+    let wall = std::time::Instant::now();
+    let queue = std::sync::Mutex::new(seeds.clone().into_iter());
+    let results = std::sync::Mutex::new(BTreeMap::new());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let scratch = std::env::temp_dir().join(format!("millrace-madsim-det-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap_or_else(|e| panic!("{}: {e}", scratch.display()));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let next = queue.lock().map(|mut q| q.next()).unwrap_or(None);
+                let Some(seed) = next else { break };
+                let log = scratch.join(format!("{seed}.rng"));
+                let first = run_child(seed, Some(&log), None);
+                let second = match &first {
+                    Ok(_) => Some(run_child(seed, None, Some(&log))),
+                    Err(_) => None,
+                };
+                let _ = std::fs::remove_file(&log);
+                if let Ok(mut r) = results.lock() {
+                    r.insert(seed, (first, second));
+                }
+            });
+        }
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    let wall = wall.elapsed();
+    let results = results.into_inner().unwrap_or_default();
+    let mut failed = Vec::new();
+    let mut simulated_ns = 0u64;
+    for (seed, (first, second)) in &results {
+        let mut problems = Vec::new();
+        match first {
+            Ok(r) => {
+                simulated_ns += r.simulated_ns;
+                println!(
+                    "seed {seed}: {} jobs ended, {} engine starts, {} cancels accepted, faults {:?}, {} RNG draws, hash {:016x}",
+                    r.jobs, r.starts, r.cancels, r.faults, r.draws, r.hash
+                );
+                problems.extend(r.violations.iter().cloned());
+            }
+            Err(e) => problems.push(e.clone()),
+        }
+        match (first, second) {
+            (Ok(a), Some(Ok(b))) if a.hash != b.hash || a.draws != b.draws => problems.push(format!(
+                "non-determinism: the second run ended with hash {:016x} after {} draws, the first {:016x} after {}",
+                b.hash, b.draws, a.hash, a.draws
+            )),
+            (_, Some(Err(e))) => problems.push(format!("second run: {e}")),
+            _ => {}
+        }
+        if !problems.is_empty() {
             failed.push(format!(
-                "seed {seed}:\n  {}\n  replay: SEED={seed} RUSTFLAGS=\"--cfg madsim\" cargo test -p node --bin millrace --target-dir target/madsim madsim_ -- --nocapture",
-                out.violations.join("\n  ")
+                "seed {seed}:\n  {}\n  replay: SEED={seed} {REPLAY}\n  one run with logs: {CHILD_SEED}={seed} RUST_LOG=debug {REPLAY}",
+                problems.join("\n  ")
             ));
         }
     }
-    // Seeds per second and time compression, for BENCHMARKS.md (the real clock is read
-    // outside the simulations; nothing asserts on it).
-    let wall = wall.elapsed();
+    // Seeds per second (each seed counted once, though run twice) and time compression, for
+    // BENCHMARKS.md; the real clock is read outside the simulations and nothing asserts on it.
     println!(
-        "{} seeds in {:.2} s wall: {:.1} seeds/s, {:.0} s simulated ({:.0}x compression)",
+        "{} seeds (each run twice, {workers} at a time) in {:.2} s wall: {:.1} seeds/s, {:.0} s simulated ({:.0}x compression counting both runs)",
         seeds.len(),
         wall.as_secs_f64(),
         seeds.len() as f64 / wall.as_secs_f64().max(1e-9),
-        simulated.as_secs_f64(),
-        simulated.as_secs_f64() / wall.as_secs_f64().max(1e-9)
+        simulated_ns as f64 / 1e9,
+        2.0 * simulated_ns as f64 / 1e9 / wall.as_secs_f64().max(1e-9)
     );
+    assert_eq!(results.len(), seeds.len(), "every seed reported");
     assert!(failed.is_empty(), "{}", failed.join("\n"));
-}
-
-/// madsim's own determinism check (its RNG log compared across two runs) on one seed
-/// (`DET_SEED=S` picks another). Ignored: it fails on this toolchain for most seeds (seeds
-/// 1, 2, 3 and 8 pass, 4–7, 9, 10 and 101 diverge). madsim 0.2.34 makes std's `HashMap`
-/// deterministic by interposing `getrandom` when its runtime starts; Rust 1.95's std takes
-/// its hash keys past that ("failed to initialize std random state" in the log), and
-/// madsim's own network drops a killed node's sockets out of a std `HashMap`, so the order
-/// of the wake-ups after a kill differs by process. The node's own sources of divergence
-/// are gone (its maps are ordered, its `select!`s biased, its randomness madsim's). Un-ignore
-/// once madsim's network is ordered (issue 16's note).
-#[test]
-#[ignore = "madsim's std-HashMap interposition fails on Rust 1.95: see the comment"]
-fn madsim_determinism_check_of_one_seed() {
-    init_logs();
-    let seed = std::env::var("DET_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    Runtime::check_determinism(seed, madsim::Config::default(), || async {
-        let seed = madsim::runtime::Handle::current().seed();
-        let out = scenario(seed).await;
-        assert!(out.violations.is_empty(), "{:?}", out.violations);
-    });
 }

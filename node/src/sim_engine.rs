@@ -8,8 +8,9 @@
 //! next process adopts them (E9) or finds their ends, as with real supervisors. A wiped
 //! store's sweep stops what the table holds for it.
 //!
-//! Every engine start is recorded there too ([`runs`]): the suite's I1 check counts starts
-//! per job across the fleet, as the real-process tests count per-execution markers.
+//! Every engine start is recorded there too ([`runs`]), with how and when it ended: the
+//! suite's I1 check counts starts per job across the fleet, as the real-process tests count
+//! per-execution markers, and its I11 check times the stops of cancelled jobs.
 //!
 //! Not modelled (say so rather than pretend): a supervisor stopping its job when no executor
 //! re-attaches within `reconnect_grace` (E14), job output (`JobLog`), `--run-as`, the hard
@@ -40,6 +41,8 @@ pub struct Run {
     pub machine: PathBuf,
     /// How the engine ended it, once it did.
     pub ended: Option<TerminalStatus>,
+    /// When (simulated), for I11's bound.
+    pub ended_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +155,7 @@ impl SimEngine {
             lease,
             machine: self.data.clone(),
             ended: ended.as_ref().map(|e| e.0),
+            ended_at: ended.as_ref().map(|_| Instant::now()),
         });
         machines()
             .entry(self.data.clone())
@@ -230,6 +234,7 @@ impl SimEngine {
                         .find(|r| r.lease == lease && r.machine == data)
                     {
                         r.ended = Some(e.0);
+                        r.ended_at = Some(Instant::now());
                     }
                     e
                 }
