@@ -53,6 +53,10 @@ const LONG_JOBS: usize = 3;
 /// How long after the heal the long jobs are cancelled: every executor has redialled by then
 /// (`--backoff-max 500ms`, `--silence-timeout 2s`).
 const CANCEL_AFTER_HEAL: Duration = Duration::from_secs(5);
+/// Jobs of two simulated minutes that the fault loop cancels and then kills the mill in the
+/// commit after the mill handled the cancel: a cancel answered 202 must survive that (I11, M26).
+/// Those the faults did not pick are cancelled with the long jobs.
+const CRASH_CANCEL_JOBS: usize = 2;
 const MILL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const EXEC_PORT: u16 = 7071;
 const HTTP_PORT: u16 = 8080;
@@ -310,22 +314,30 @@ async fn scenario(seed: u64) -> Outcome {
     let accepted: Arc<Mutex<Vec<(String, u64, Instant)>>> = Arc::default();
     // Set when the faults are over and healed.
     let healed: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // Submitted jobs the fault loop may cancel just before a mill kill.
+    let crash_targets: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let submitter = client.spawn({
-        let (accepted, healed) = (accepted.clone(), healed.clone());
+        let (accepted, healed, crash_targets) =
+            (accepted.clone(), healed.clone(), crash_targets.clone());
         async move {
             let mut ids: BTreeMap<String, u64> = BTreeMap::new();
             let mut long = Vec::new();
-            for k in 0..LONG_JOBS + JOBS {
+            for k in 0..LONG_JOBS + CRASH_CANCEL_JOBS + JOBS {
                 let (key, body) = if k < LONG_JOBS {
                     (
                         format!("long-{k}"),
+                        r#"{"command": "sim 120000 0"}"#.to_string(),
+                    )
+                } else if k < LONG_JOBS + CRASH_CANCEL_JOBS {
+                    (
+                        format!("crash-{}", k - LONG_JOBS),
                         r#"{"command": "sim 120000 0"}"#.to_string(),
                     )
                 } else {
                     let ms = madsim::rand::thread_rng().gen_range(100..3000u64);
                     let code = u8::from(madsim::rand::thread_rng().gen_range(0..6u8) == 0);
                     (
-                        format!("job-{}", k - LONG_JOBS),
+                        format!("job-{}", k - LONG_JOBS - CRASH_CANCEL_JOBS),
                         format!(r#"{{"command": "sim {ms} {code}"}}"#),
                     )
                 };
@@ -339,6 +351,11 @@ async fn scenario(seed: u64) -> Outcome {
                             ids.insert(key.clone(), id);
                             if k < LONG_JOBS {
                                 long.push((key, id));
+                            } else if k < LONG_JOBS + CRASH_CANCEL_JOBS {
+                                crash_targets
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push((key, id));
                             } else if madsim::rand::thread_rng().gen_range(0..5u8) == 0 {
                                 // A fifth of the short jobs are cancelled through the faults,
                                 // queued, placed, running or just ended.
@@ -366,6 +383,7 @@ async fn scenario(seed: u64) -> Outcome {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+            long.append(&mut crash_targets.lock().unwrap_or_else(|e| e.into_inner()));
             for (key, id) in long {
                 cancel_job(&key, id, &accepted).await;
             }
@@ -382,7 +400,38 @@ async fn scenario(seed: u64) -> Outcome {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         let i = madsim::rand::thread_rng().gen_range(0..EXECUTORS);
         let x = execs[i].id();
-        match madsim::rand::thread_rng().gen_range(0..10u32) {
+        let target = {
+            let mut t = crash_targets.lock().unwrap_or_else(|e| e.into_inner());
+            (!t.is_empty()).then(|| t.remove(0))
+        };
+        let pick = madsim::rand::thread_rng().gen_range(0..11u32);
+        if let (Some((key, id)), 10) = (target.clone(), pick) {
+            // A user cancel, then a kill inside the commit after the mill handled it: the
+            // 202, if it came, followed that commit, so the cancel is durable (I11, M26).
+            *faults.entry("cancel-then-kill-mill").or_default() += 1;
+            let seen = crate::mill_commit::cancels_seen();
+            let accepted = accepted.clone();
+            let _cancel = client.spawn(async move { cancel_job(&key, id, &accepted).await });
+            let until = tokio::time::Instant::now() + Duration::from_secs(3);
+            while crate::mill_commit::cancels_seen() == seen && tokio::time::Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+            while !crate::mill_commit::committing() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+            h.kill(mill.id());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            h.restart(mill.id());
+            continue;
+        }
+        if let Some(t) = target {
+            crash_targets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(0, t);
+        }
+        match pick {
             7 | 8 => {
                 // In the middle of a commit: between the writes' hand-over and their fsync's
                 // end, killed (7) or stopped gracefully (8).
@@ -475,11 +524,11 @@ async fn scenario(seed: u64) -> Outcome {
     *healed.lock().unwrap_or_else(|e| e.into_inner()) = Some(healed_at);
     let ids = submitter.await.unwrap_or_default();
     let mut violations = Vec::new();
-    if ids.len() != LONG_JOBS + JOBS {
+    if ids.len() != LONG_JOBS + CRASH_CANCEL_JOBS + JOBS {
         violations.push(format!(
             "only {} of {} submits were answered",
             ids.len(),
-            LONG_JOBS + JOBS
+            LONG_JOBS + CRASH_CANCEL_JOBS + JOBS
         ));
     }
     let mut seen_ids: BTreeMap<u64, &str> = BTreeMap::new();
@@ -580,9 +629,12 @@ async fn scenario(seed: u64) -> Outcome {
             ));
         }
     }
-    // I11: a job whose cancel the mill accepted ends cancelled, unless its engine ended on
-    // its own first; and a cancel accepted on the healed fleet stops the job's run within
-    // the mill's cancel_ack_timeout plus the executor's stop grace.
+    // I11: a cancel the mill accepted stops the job's runs within the mill's
+    // cancel_ack_timeout plus the executor's stop grace of a connected fleet: of its
+    // acceptance when the fleet was whole, else of the moment every executor had redialled
+    // after the heal. Its job ends cancelled unless a run ended on its own before that
+    // deadline (its own terminal may have been sent before the cancel reached the executor);
+    // a run that ends on its own later ran on past a cancel that was lost.
     let bound =
         mill_options(&root).tuning.cancel_ack_timeout + exec_options(&root, 0).tuning.stop_grace;
     let mut cancels = BTreeMap::new();
@@ -591,37 +643,44 @@ async fn scenario(seed: u64) -> Outcome {
             key.clone(),
             u64::try_from((*at - started).as_millis()).unwrap_or(u64::MAX),
         );
+        let deadline = if *at >= healed_at {
+            *at + bound
+        } else {
+            healed_at + CANCEL_AFTER_HEAL + bound
+        };
         let rs = starts.get(id).map(Vec::as_slice).unwrap_or_default();
         let ended_itself = rs.iter().any(|r| {
             matches!(
                 r.ended,
                 Some(TerminalStatus::Success | TerminalStatus::Failed)
-            )
+            ) && r.ended_at.is_some_and(|e| e <= deadline)
         });
         if let Some((_, state, _)) = jobs.get(key) {
             if state != "cancelled" && !ended_itself {
                 violations.push(format!(
-                    "I11: job {id} ({key}) ended {state} after its cancel was accepted, and no engine run of it ended on its own: {rs:?}"
+                    "I11: job {id} ({key}) ended {state} after its cancel was accepted at {:?}, and no engine run of it ended on its own by {:?}: {rs:?}",
+                    *at - started,
+                    deadline - started
                 ));
             }
         }
-        if *at >= healed_at {
-            for r in rs {
-                if wiped.iter().any(|w| r.machine.starts_with(w)) {
-                    continue;
-                }
-                let late = match r.ended_at {
-                    Some(e) => e > *at + bound,
-                    None => true,
-                };
-                if late {
-                    violations.push(format!(
-                        "I11: job {id} ({key}) cancelled at {:?} on the healed fleet, its run {:?} ended at {:?} (bound {bound:?})",
-                        *at - started,
-                        r.lease,
-                        r.ended_at.map(|e| e - started)
-                    ));
-                }
+        for r in rs {
+            if wiped.iter().any(|w| r.machine.starts_with(w)) {
+                continue;
+            }
+            let late = match r.ended_at {
+                Some(e) => e > deadline,
+                None => true,
+            };
+            if late {
+                violations.push(format!(
+                    "I11: job {id} ({key}) cancelled at {:?} (healed at {:?}), its run {:?} ended at {:?}, past {:?}",
+                    *at - started,
+                    healed_at - started,
+                    r.lease,
+                    r.ended_at.map(|e| e - started),
+                    deadline - started
+                ));
             }
         }
     }

@@ -172,6 +172,25 @@ pub fn committing() -> bool {
     COMMITTING.with(std::cell::Cell::get)
 }
 
+#[cfg(madsim)]
+thread_local! {
+    /// User cancels the mill of this thread's simulation has handled, across its restarts: the
+    /// madsim suite kills the mill in the commit that follows one (I11).
+    static CANCELS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a user cancel the mill driver handled (madsim build).
+#[cfg(madsim)]
+pub fn saw_cancel() {
+    CANCELS.with(|c| c.set(c.get() + 1));
+}
+
+/// How many user cancels the mill of this thread's simulation has handled (madsim build).
+#[cfg(madsim)]
+pub fn cancels_seen() -> u64 {
+    CANCELS.with(std::cell::Cell::get)
+}
+
 /// Does one piece of work and answers it; false after a failed commit (fail-stop: nothing
 /// after it may be written).
 fn do_work(store: &mut Store, work: Work, done: &mpsc::UnboundedSender<Finished>) -> bool {

@@ -746,6 +746,8 @@ impl Driver {
                 self.deferred.push(Deferred::Batch(reply, answers));
             }
             MillCmd::Cancel { job, reason, reply } => {
+                #[cfg(madsim)]
+                crate::mill_commit::saw_cancel();
                 let r = self.mill.cancel(now, job, reason);
                 self.deferred.push(Deferred::Done(reply, r));
             }
