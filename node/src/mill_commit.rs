@@ -52,8 +52,13 @@ pub enum Finished {
 pub struct Committer {
     #[cfg(not(madsim))]
     tx: Option<std::sync::mpsc::Sender<Work>>,
+    /// The thread's answer: whether the store is to be closed (not after a failed commit).
     #[cfg(not(madsim))]
-    thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+    /// The store: the thread holds it while it works; [`Committer::commit_now`] takes it
+    /// when the thread is idle (the driver knows: nothing of its is queued or running).
+    #[cfg(not(madsim))]
+    store: Option<std::sync::Arc<std::sync::Mutex<Store>>>,
     #[cfg(madsim)]
     tx: Option<mpsc::UnboundedSender<Work>>,
     #[cfg(madsim)]
@@ -66,20 +71,23 @@ impl Committer {
         #[cfg(not(madsim))]
         {
             let (tx, rx) = std::sync::mpsc::channel::<Work>();
+            let store = std::sync::Arc::new(std::sync::Mutex::new(store));
+            let shared = store.clone();
             let thread = std::thread::Builder::new()
                 .name("mill-commit".into())
                 .spawn(move || {
-                    let mut store = store;
                     while let Ok(work) = rx.recv() {
+                        let mut store = shared.lock().unwrap_or_else(|e| e.into_inner());
                         if !do_work(&mut store, work, &done) {
-                            return Ok(());
+                            return false;
                         }
                     }
-                    close(store)
+                    true
                 })?;
             Ok(Committer {
                 tx: Some(tx),
                 thread: Some(thread),
+                store: Some(store),
             })
         }
         #[cfg(madsim)]
@@ -113,6 +121,22 @@ impl Committer {
         self.tx.as_ref().is_some_and(|tx| tx.send(work).is_ok())
     }
 
+    /// Writes `batches` in one transaction on the caller's thread, now (issue 15: at low load
+    /// the two thread wakes of a hand-over cost more than the pipelining gains). Only while
+    /// none of the caller's work is queued or running on the thread, so the order of
+    /// commits is the order of the steps. A failed commit is the caller's to stop on, as for
+    /// an answer from the thread.
+    #[cfg(not(madsim))]
+    pub fn commit_now(&self, batches: &[MillBatch], now_ms: u64) -> Result<Duration, StoreError> {
+        let Some(store) = self.store.as_ref() else {
+            return Err(closed());
+        };
+        let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+        let started = Instant::now();
+        store.apply(batches, now_ms)?;
+        Ok(started.elapsed())
+    }
+
     /// Lets the thread finish what is queued, close the store and end.
     pub async fn close(mut self) -> Result<(), StoreError> {
         drop(self.tx.take());
@@ -122,7 +146,13 @@ impl Committer {
         // The driver's own thread waits: nothing else runs on it (the madsim build awaits
         // the committer's task instead).
         #[cfg(not(madsim))]
-        let joined = thread.join().map_err(|_| ());
+        let joined = thread.join().map_err(|_| ()).and_then(|close_it| {
+            // The thread is gone, so this is the store's last holder.
+            let store = self.store.take().ok_or(())?;
+            let store = std::sync::Arc::try_unwrap(store).map_err(|_| ())?;
+            let store = store.into_inner().unwrap_or_else(|e| e.into_inner());
+            Ok(if close_it { close(store) } else { Ok(()) })
+        });
         #[cfg(madsim)]
         let joined = thread.await.map_err(|_| ());
         match joined {
@@ -217,6 +247,15 @@ fn do_work(store: &mut Store, work: Work, done: &mpsc::UnboundedSender<Finished>
             let _ = done.send(Finished::Purged(r.map(|p| (p, started.elapsed()))));
             true
         }
+    }
+}
+
+/// The error of a commit asked of a committer that has closed its store.
+#[cfg(not(madsim))]
+fn closed() -> StoreError {
+    StoreError::Io {
+        path: "mill-commit".into(),
+        source: std::io::Error::other("the store is closed"),
     }
 }
 
