@@ -52,13 +52,17 @@ pub enum Finished {
 pub struct Committer {
     #[cfg(not(madsim))]
     tx: Option<std::sync::mpsc::Sender<Work>>,
-    /// The thread's answer: whether the store is to be closed (not after a failed commit).
     #[cfg(not(madsim))]
-    thread: Option<std::thread::JoinHandle<bool>>,
+    thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
     /// The store: the thread holds it while it works; [`Committer::commit_now`] takes it
     /// when the thread is idle (the driver knows: nothing of its is queued or running).
     #[cfg(not(madsim))]
     store: Option<std::sync::Arc<std::sync::Mutex<Store>>>,
+    /// Whether [`Committer::commit_now`] may run: only on SQLite, a local file whose commit
+    /// is one fsync. PostgreSQL's client runs its own runtime, which may not be entered from
+    /// the driver's, and its commit is a network round trip the driver should not wait on.
+    #[cfg(not(madsim))]
+    inline: bool,
     #[cfg(madsim)]
     tx: Option<mpsc::UnboundedSender<Work>>,
     #[cfg(madsim)]
@@ -71,6 +75,7 @@ impl Committer {
         #[cfg(not(madsim))]
         {
             let (tx, rx) = std::sync::mpsc::channel::<Work>();
+            let inline = matches!(store, Store::Sqlite(_));
             let store = std::sync::Arc::new(std::sync::Mutex::new(store));
             let shared = store.clone();
             let thread = std::thread::Builder::new()
@@ -79,15 +84,25 @@ impl Committer {
                     while let Ok(work) = rx.recv() {
                         let mut store = shared.lock().unwrap_or_else(|e| e.into_inner());
                         if !do_work(&mut store, work, &done) {
-                            return false;
+                            return Ok(());
                         }
                     }
-                    true
+                    // The store is closed here, on this thread, never on the driver's (a
+                    // PostgreSQL client may not be used inside its runtime): `close` drops
+                    // the committer's handle on it before the channel, so this is the last.
+                    match std::sync::Arc::try_unwrap(shared) {
+                        Ok(store) => close(store.into_inner().unwrap_or_else(|e| e.into_inner())),
+                        Err(_) => Err(StoreError::Io {
+                            path: "mill-commit".into(),
+                            source: std::io::Error::other("the store is still shared at close"),
+                        }),
+                    }
                 })?;
             Ok(Committer {
                 tx: Some(tx),
                 thread: Some(thread),
                 store: Some(store),
+                inline,
             })
         }
         #[cfg(madsim)]
@@ -121,11 +136,17 @@ impl Committer {
         self.tx.as_ref().is_some_and(|tx| tx.send(work).is_ok())
     }
 
+    /// Whether [`Committer::commit_now`] may be used: on SQLite only (see `inline`).
+    #[cfg(not(madsim))]
+    pub fn can_commit_now(&self) -> bool {
+        self.inline
+    }
+
     /// Writes `batches` in one transaction on the caller's thread, now (issue 15: at low load
     /// the two thread wakes of a hand-over cost more than the pipelining gains). Only while
     /// none of the caller's work is queued or running on the thread, so the order of
-    /// commits is the order of the steps. A failed commit is the caller's to stop on, as for
-    /// an answer from the thread.
+    /// commits is the order of the steps, and only if [`Committer::can_commit_now`]. A
+    /// failed commit is the caller's to stop on, as for an answer from the thread.
     #[cfg(not(madsim))]
     pub fn commit_now(&self, batches: &[MillBatch], now_ms: u64) -> Result<Duration, StoreError> {
         let Some(store) = self.store.as_ref() else {
@@ -139,6 +160,8 @@ impl Committer {
 
     /// Lets the thread finish what is queued, close the store and end.
     pub async fn close(mut self) -> Result<(), StoreError> {
+        #[cfg(not(madsim))]
+        drop(self.store.take());
         drop(self.tx.take());
         let Some(thread) = self.thread.take() else {
             return Ok(());
@@ -146,13 +169,7 @@ impl Committer {
         // The driver's own thread waits: nothing else runs on it (the madsim build awaits
         // the committer's task instead).
         #[cfg(not(madsim))]
-        let joined = thread.join().map_err(|_| ()).and_then(|close_it| {
-            // The thread is gone, so this is the store's last holder.
-            let store = self.store.take().ok_or(())?;
-            let store = std::sync::Arc::try_unwrap(store).map_err(|_| ())?;
-            let store = store.into_inner().unwrap_or_else(|e| e.into_inner());
-            Ok(if close_it { close(store) } else { Ok(()) })
-        });
+        let joined = thread.join().map_err(|_| ());
         #[cfg(madsim)]
         let joined = thread.await.map_err(|_| ());
         match joined {

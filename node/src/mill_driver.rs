@@ -956,6 +956,7 @@ impl Driver {
         #[cfg(not(madsim))]
         if idle
             && !self.purging
+            && self.committer.can_commit_now()
             && batches.iter().map(|b| b.writes.len()).sum::<usize>() <= INLINE_COMMIT_WRITES
         {
             let r = self.committer.commit_now(&batches, wall_ms());
