@@ -24,7 +24,9 @@ use crate::types::{Epoch, JobId, LeaseId, Resources, Seqno, Term};
 /// 7: term fencing (E13, DESIGN §10): `Welcome` and every command carry the mill's [`Term`],
 /// `Hello` the highest term the executor has seen, an executor answers a lower one with
 /// `Stale`, and `Refused` may name the leader's address.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: late binding (M36, E16): a `direct` ask that finds every seat taken may wait for the
+/// next free one; its commit is answered when it starts (committed) or is released (not).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Most engines an executor may advertise.
 pub const MAX_ENGINES: usize = 16;

@@ -177,11 +177,15 @@ pub enum Path {
     /// The mill crashed between a direct ask and its commit (M35): the executor holds a
     /// reservation nobody commits (E3, M29).
     CrashBetweenDirectAskAndCommit,
+    /// A queued job was staged on a full node to start on its next free seat (M36, E16).
+    Staged,
+    /// A staged lease was withdrawn before it started (M36): it ended Released.
+    StagedWithdrawn,
 }
 
 impl Path {
     /// Every path, in report order.
-    pub const ALL: [Path; 67] = [
+    pub const ALL: [Path; 69] = [
         Path::GraceExpiryWithPendingCancel,
         Path::CommitResent,
         Path::MillRestartWithRunningLeases,
@@ -249,6 +253,8 @@ impl Path {
         Path::ResourceRefused,
         Path::DirectRefused,
         Path::CrashBetweenDirectAskAndCommit,
+        Path::Staged,
+        Path::StagedWithdrawn,
     ];
 
     /// The paths issues 4, 10 and 12 name; the coverage test requires each to be reached
@@ -352,6 +358,8 @@ impl Path {
             Path::CrashBetweenDirectAskAndCommit => {
                 "mill crash between a direct ask and its commit (M35)"
             }
+            Path::Staged => "a job was staged on a full node (M36)",
+            Path::StagedWithdrawn => "a staged job was withdrawn before it started (M36)",
         }
     }
 
@@ -425,6 +433,8 @@ impl Path {
             Path::ResourceRefused => "resource-refused",
             Path::DirectRefused => "direct-refused",
             Path::CrashBetweenDirectAskAndCommit => "crash-between-direct-ask-and-commit",
+            Path::Staged => "staged",
+            Path::StagedWithdrawn => "staged-withdrawn",
         }
     }
 
@@ -450,6 +460,8 @@ pub fn rare_name(p: RarePath) -> &'static str {
         RarePath::ReconcileAwaitedEvents => "reconcile-awaited-events",
         RarePath::FencedRunReported => "fenced-run-reported",
         RarePath::DirectRefused => "direct-refused",
+        RarePath::Staged => "staged",
+        RarePath::StagedWithdrawn => "staged-withdrawn",
     }
 }
 
@@ -469,6 +481,8 @@ pub fn from_rare(p: RarePath) -> Option<Path> {
         RarePath::ReconcileAwaitedEvents => Path::ReconcileAwaitedEvents,
         RarePath::FencedRunReported => Path::FencedRunReported,
         RarePath::DirectRefused => Path::DirectRefused,
+        RarePath::Staged => Path::Staged,
+        RarePath::StagedWithdrawn => Path::StagedWithdrawn,
     })
 }
 

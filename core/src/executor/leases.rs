@@ -12,7 +12,7 @@ use crate::types::{ConnId, JobId, LeaseId, Resources, Time};
 use crate::wire::{EndCause, EventKind, RejectKind, ToMill};
 
 use super::outbox::bounded_error;
-use super::seats::{admit, Refusal, Reservation, RunningJob, StopReason};
+use super::seats::{admit, seat_free, Admitted, Refusal, Reservation, RunningJob, StopReason};
 use super::{Executor, ExecutorOutput, ExecutorWrite, StoredJob};
 
 fn accepted(lease: LeaseId, resources: Resources) -> ToMill {
@@ -38,7 +38,12 @@ impl Executor {
         ttl: Duration,
         direct: bool,
     ) {
-        if let Some(held) = self.seats.reserved.get(&lease) {
+        let held = self
+            .seats
+            .reserved
+            .get(&lease)
+            .or_else(|| self.seats.waiting.get(&lease).map(|w| &w.reservation));
+        if let Some(held) = held {
             let answer = if held.job == job && held.spec == spec {
                 accepted(lease, held.charged.clone())
             } else {
@@ -52,8 +57,8 @@ impl Executor {
             return self.send(conn, rejected(lease, RejectKind::Incompatible, reason));
         }
         let closed = self.closed_reason();
-        let answer = match admit(&self.config, &self.seats, &spec, closed.as_deref()) {
-            Ok(charged) => {
+        let answer = match admit(&self.config, &self.seats, &spec, closed.as_deref(), direct) {
+            Ok((charged, admitted)) => {
                 debug_assert!(
                     !direct || charged == spec.seat_charge(),
                     "E2, M35: a direct ask is accepted only with the standard charge"
@@ -67,7 +72,10 @@ impl Executor {
                     charged: charged.clone(),
                     expires: now.plus(ttl),
                 };
-                self.hold_reservation(lease, reservation);
+                match admitted {
+                    Admitted::Seat => self.hold_reservation(lease, reservation),
+                    Admitted::Wait => self.hold_waiting(lease, reservation),
+                }
                 accepted(lease, charged)
             }
             Err(Refusal::Transient(reason)) => rejected(lease, RejectKind::Transient, reason),
@@ -85,31 +93,18 @@ impl Executor {
         lease: LeaseId,
         secrets: BTreeMap<String, String>,
     ) {
+        if let Some(w) = self.seats.waiting.get_mut(&lease) {
+            // E16: it starts on the next free seat, and the commit is answered then, once
+            // durable (E4); a repeat changes nothing. It no longer expires (E3): only a
+            // release, a cancel, a drain, self-fencing or a restart drops it.
+            if w.secrets.is_none() {
+                w.secrets = Some(secrets);
+                self.timers.stop(&super::Timer::Expire(lease));
+            }
+            return;
+        }
         let committed = if let Some(reservation) = self.take_reservation(lease) {
-            let Reservation {
-                job, spec, charged, ..
-            } = reservation;
-            let stored = StoredJob {
-                job,
-                engine: spec.engine.clone(),
-                resources: charged.clone(),
-                stop: None,
-            };
-            self.persist(vec![ExecutorWrite::JobCommitted { lease, job: stored }]);
-            let running = RunningJob {
-                engine: spec.engine.clone(),
-                charged,
-                started: false,
-                stop: None,
-                log_end: 0,
-            };
-            self.seats.running.insert(lease, running);
-            self.emit(ExecutorOutput::StartJob {
-                lease,
-                job,
-                spec,
-                secrets,
-            });
+            self.start_committed(lease, reservation, secrets);
             true
         } else {
             self.seats.running.contains_key(&lease) || self.outbox_has(lease)
@@ -117,9 +112,115 @@ impl Executor {
         self.send(conn, ToMill::CommitResult { lease, committed });
     }
 
-    /// E8: drop a reservation; a running job is left alone (only a cancel stops it).
-    pub(super) fn on_release(&mut self, lease: LeaseId) {
+    /// E4: a committed reservation's job starts: the commit is durable before the engine
+    /// is asked to start it.
+    fn start_committed(
+        &mut self,
+        lease: LeaseId,
+        reservation: Reservation,
+        secrets: BTreeMap<String, String>,
+    ) {
+        let Reservation {
+            job, spec, charged, ..
+        } = reservation;
+        let stored = StoredJob {
+            job,
+            engine: spec.engine.clone(),
+            resources: charged.clone(),
+            stop: None,
+        };
+        self.persist(vec![ExecutorWrite::JobCommitted { lease, job: stored }]);
+        let running = RunningJob {
+            engine: spec.engine.clone(),
+            charged,
+            started: false,
+            stop: None,
+            log_end: 0,
+        };
+        self.seats.running.insert(lease, running);
+        self.emit(ExecutorOutput::StartJob {
+            lease,
+            job,
+            spec,
+            secrets,
+        });
+    }
+
+    /// E16: committed leases waiting for a seat take the seats free now, in lease order;
+    /// each one's commit is durable before it starts and is answered after (E4). Runs after
+    /// every input, so a freed seat goes to a waiting lease before anything else can ask
+    /// for it.
+    pub(super) fn fill_seats(&mut self) {
+        if self.seats.waiting.is_empty() || self.draining {
+            return;
+        }
+        let ready: Vec<LeaseId> = self
+            .seats
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.secrets.is_some())
+            .map(|(l, _)| *l)
+            .collect();
+        for lease in ready {
+            let fits = self.seats.waiting.get(&lease).is_some_and(|w| {
+                seat_free(
+                    &self.config,
+                    &self.seats,
+                    &w.reservation.spec,
+                    &w.reservation.charged,
+                )
+            });
+            if !fits {
+                continue;
+            }
+            let Some(w) = self.seats.waiting.remove(&lease) else {
+                continue;
+            };
+            self.start_committed(lease, w.reservation, w.secrets.unwrap_or_default());
+            if let Some(conn) = self.ready_conn() {
+                self.send(
+                    conn,
+                    ToMill::CommitResult {
+                        lease,
+                        committed: true,
+                    },
+                );
+            }
+        }
+    }
+
+    /// E16: drops a lease waiting for a seat; a commit it held is answered not committed on
+    /// `conn` (nothing started, so the mill may place the job again, M36).
+    pub(super) fn drop_waiting(&mut self, conn: Option<ConnId>, lease: LeaseId) {
+        let Some(w) = self.seats.waiting.remove(&lease) else {
+            return;
+        };
+        self.timers.stop(&super::Timer::Expire(lease));
+        if let (Some(_), Some(conn)) = (w.secrets, conn) {
+            self.send(
+                conn,
+                ToMill::CommitResult {
+                    lease,
+                    committed: false,
+                },
+            );
+        }
+    }
+
+    /// Every lease waiting for a seat is dropped (a drain or self-fencing, E16).
+    pub(super) fn drop_all_waiting(&mut self) {
+        let conn = self.ready_conn();
+        let waiting: Vec<LeaseId> = self.seats.waiting.keys().copied().collect();
+        for lease in waiting {
+            self.drop_waiting(conn, lease);
+        }
+    }
+
+    /// E8: drop a reservation; a running job is left alone (only a cancel stops it). A lease
+    /// waiting for a seat is dropped and its commit answered not committed (E16, M36).
+    pub(super) fn on_release(&mut self, conn: ConnId, lease: LeaseId) {
         self.take_reservation(lease);
+        self.drop_waiting(Some(conn), lease);
     }
 
     /// E7: ack at once; drop a reservation; stop a running job, whose terminal will be
@@ -127,6 +228,10 @@ impl Executor {
     /// out, so an executor restarted after the ack still ends the job Cancelled (E9).
     pub(super) fn on_cancel(&mut self, conn: ConnId, lease: LeaseId, reason: String) {
         self.take_reservation(lease);
+        // E16: a waiting lease never started; the ack below is all the mill needs.
+        if self.seats.waiting.remove(&lease).is_some() {
+            self.timers.stop(&super::Timer::Expire(lease));
+        }
         let stop = match self.seats.running.get_mut(&lease) {
             Some(job) => match job.stop {
                 None => {
@@ -350,6 +455,7 @@ impl Executor {
         for lease in reserved {
             self.take_reservation(lease);
         }
+        self.drop_all_waiting();
         let grace = self.config.stop_grace;
         for lease in stopping {
             self.emit(ExecutorOutput::StopJob { lease, grace });

@@ -314,9 +314,14 @@ impl Executor {
                 offset,
                 bytes,
             } => self.on_job_log(now, lease, offset, bytes),
-            ExecutorInput::Drain => self.draining = true,
+            ExecutorInput::Drain => {
+                self.draining = true;
+                // E16: a draining executor starts nothing new, so what waits goes back.
+                self.drop_all_waiting();
+            }
             ExecutorInput::Tick => {}
         }
+        self.fill_seats();
         self.persist_contact_if_due(now);
         self.snapshot_if_availability_changed();
         self.sync_timers();
@@ -346,7 +351,7 @@ impl Executor {
     pub fn check_timers(&self) -> Result<(), String> {
         for (key, at) in self.timers.iter() {
             let live = match key {
-                Timer::Expire(lease) => self.seats.reserved.get(lease).map(|r| r.expires),
+                Timer::Expire(lease) => self.expiry(*lease),
                 Timer::Fence => self.fence_deadline(),
                 Timer::Contact => self.contact_deadline(),
                 Timer::Link => self.link_deadline(),
@@ -358,6 +363,12 @@ impl Executor {
         for (lease, r) in &self.seats.reserved {
             if self.timers.get(&Timer::Expire(*lease)) != Some(r.expires) {
                 return Err(format!("reservation {lease} has no ttl timer"));
+            }
+        }
+        for (lease, w) in &self.seats.waiting {
+            let want = w.secrets.is_none().then_some(w.reservation.expires);
+            if self.timers.get(&Timer::Expire(*lease)) != want {
+                return Err(format!("waiting lease {lease}: ttl timer, want {want:?}"));
             }
         }
         for (key, want) in [
@@ -401,6 +412,30 @@ impl Executor {
     fn hold_reservation(&mut self, lease: LeaseId, reservation: seats::Reservation) {
         self.timers.set(Timer::Expire(lease), reservation.expires);
         self.seats.reserved.insert(lease, reservation);
+    }
+
+    /// E16: holds `lease` waiting for a seat, with its ttl until its commit comes (E3).
+    fn hold_waiting(&mut self, lease: LeaseId, reservation: seats::Reservation) {
+        self.timers.set(Timer::Expire(lease), reservation.expires);
+        let waiting = seats::Waiting {
+            reservation,
+            secrets: None,
+        };
+        self.seats.waiting.insert(lease, waiting);
+    }
+
+    /// When `lease`'s ttl ends, if it holds one: a reservation, or a lease waiting for a seat
+    /// whose commit has not come (E3, E16).
+    fn expiry(&self, lease: LeaseId) -> Option<Time> {
+        match self.seats.reserved.get(&lease) {
+            Some(r) => Some(r.expires),
+            None => self
+                .seats
+                .waiting
+                .get(&lease)
+                .filter(|w| w.secrets.is_none())
+                .map(|w| w.reservation.expires),
+        }
     }
 
     /// Lets a reservation go (committed, released, cancelled or expired), with its ttl.
@@ -447,6 +482,12 @@ impl Executor {
         self.seats.reserved.keys().copied()
     }
 
+    /// Leases waiting for a seat (E16): accepted direct asks, committed or not, that hold no
+    /// seat yet.
+    pub fn queued_leases(&self) -> impl Iterator<Item = LeaseId> + '_ {
+        self.seats.waiting.keys().copied()
+    }
+
     /// Leases whose job is running (committed and not yet reported ended).
     pub fn running_leases(&self) -> impl Iterator<Item = LeaseId> + '_ {
         self.seats.running.keys().copied()
@@ -462,6 +503,7 @@ impl Executor {
         self.draining
             && self.seats.reserved.is_empty()
             && self.seats.running.is_empty()
+            && self.seats.waiting.is_empty()
             && self.durable.outbox.is_empty()
     }
 
@@ -505,7 +547,11 @@ impl Executor {
         for key in due {
             match key {
                 Timer::Expire(lease) => {
-                    let r = self.seats.reserved.remove(&lease);
+                    let r = self
+                        .seats
+                        .reserved
+                        .remove(&lease)
+                        .or_else(|| self.seats.waiting.remove(&lease).map(|w| w.reservation));
                     debug_assert!(r.is_none_or(|r| r.expires <= now), "early ttl of {lease}");
                 }
                 Timer::Fence | Timer::Contact | Timer::Link => {}

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::job::JobSpec;
 use crate::types::{bounded_reason, validate_resources, JobId, LeaseId, Resources, Time};
-use crate::wire::{EngineStatus, MAX_REASON};
+use crate::wire::{EngineStatus, MAX_ACTIVE_LEASES, MAX_REASON};
 
 use super::config::{EngineConfig, ExecutorConfig, SEAT_LOAD, SEAT_RESOURCE};
 
@@ -32,11 +32,23 @@ pub(super) struct RunningJob {
     pub(super) log_end: u64,
 }
 
-/// Every seat in use.
+/// E16: a direct ask (M36) that found every seat of its engine taken: it holds no seat and
+/// starts on the next one that frees, once its commit has come.
+#[derive(Debug, Clone)]
+pub(super) struct Waiting {
+    pub(super) reservation: Reservation,
+    /// Its `CommitLease` came, with these secrets (never persisted): it starts on the next
+    /// free seat, and the commit is answered then, once it is durable (E4). Until it comes
+    /// the lease expires at its ttl like any reservation (E3).
+    pub(super) secrets: Option<BTreeMap<String, String>>,
+}
+
+/// Every seat in use, and the leases waiting for one (E16).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Seats {
     pub(super) reserved: BTreeMap<LeaseId, Reservation>,
     pub(super) running: BTreeMap<LeaseId, RunningJob>,
+    pub(super) waiting: BTreeMap<LeaseId, Waiting>,
 }
 
 /// A seat turned down (E2).
@@ -81,10 +93,32 @@ impl Seats {
         u32::try_from(reserved.count() + running.count()).unwrap_or(u32::MAX)
     }
 
+    /// Leases of `engine` waiting for a seat (E16).
+    pub(super) fn waiting_on(&self, engine: &str) -> u32 {
+        let n = self
+            .waiting
+            .values()
+            .filter(|w| w.reservation.spec.engine == engine)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Every lease held here: reserved, running or waiting for a seat.
+    pub(super) fn leases_held(&self) -> usize {
+        self.reserved.len() + self.running.len() + self.waiting.len()
+    }
+
+    /// E16: whether one more lease of `engine` (with `capacity` seats) may wait for a seat:
+    /// at most `capacity` wait per engine, and never so many leases in all that a snapshot's
+    /// list would pass its bound.
+    fn may_wait(&self, engine: &str, capacity: u32) -> bool {
+        self.waiting_on(engine) < capacity && self.leases_held() < MAX_ACTIVE_LEASES
+    }
+
     /// Outbox entries the current seats may still need: Running + Terminal for a seat whose
-    /// job has not started, Terminal for one that has.
+    /// job has not started (or a lease waiting for one), Terminal for one that has.
     pub(super) fn events_owed(&self) -> usize {
-        let reserved = self.reserved.len().saturating_mul(2);
+        let reserved = (self.reserved.len() + self.waiting.len()).saturating_mul(2);
         let running: usize = self
             .running
             .values()
@@ -172,24 +206,53 @@ fn fits_now(
     Ok(())
 }
 
+/// How an admitted lease holds its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admitted {
+    /// A seat is free for it now (E2).
+    Seat,
+    /// E16: a direct ask with every seat taken: it waits for the next free one.
+    Wait,
+}
+
 /// Admission of a new seat (E2): incompatibility first (it is the lasting answer), then
-/// draining, outbox headroom and free capacity (transient). Returns the charge.
+/// draining, outbox headroom and free capacity (transient). A `direct` ask (M35, M36) that
+/// finds no free seat waits for one while the engine's wait list has room (E16). Returns the
+/// charge and how it is held.
 pub(super) fn admit(
     config: &ExecutorConfig,
     seats: &Seats,
     spec: &JobSpec,
     closed: Option<&str>,
-) -> Result<Resources, Refusal> {
+    direct: bool,
+) -> Result<(Resources, Admitted), Refusal> {
     let charged = compatibility(config, spec)
         .map_err(|r| Refusal::Incompatible(bounded_reason(r, MAX_REASON)))?;
     if let Some(why) = closed {
         return Err(Refusal::Transient(bounded_reason(why, MAX_REASON)));
     }
     if let Some(engine) = config.engines.get(&spec.engine) {
-        fits_now(seats, &spec.engine, engine, &charged)
-            .map_err(|r| Refusal::Transient(bounded_reason(r, MAX_REASON)))?;
+        if let Err(why) = fits_now(seats, &spec.engine, engine, &charged) {
+            if direct && seats.may_wait(&spec.engine, engine.capacity) {
+                return Ok((charged, Admitted::Wait));
+            }
+            return Err(Refusal::Transient(bounded_reason(why, MAX_REASON)));
+        }
     }
-    Ok(charged)
+    Ok((charged, Admitted::Seat))
+}
+
+/// E16: whether a seat of `spec`'s engine is free now for a job charging `charged`.
+pub(super) fn seat_free(
+    config: &ExecutorConfig,
+    seats: &Seats,
+    spec: &JobSpec,
+    charged: &Resources,
+) -> bool {
+    config
+        .engines
+        .get(&spec.engine)
+        .is_some_and(|engine| fits_now(seats, &spec.engine, engine, charged).is_ok())
 }
 
 /// Per-engine status for a snapshot: available when open and a seat is free; loads in 0..=1

@@ -308,7 +308,7 @@ impl Executor {
                 lease,
                 secrets,
             } => self.on_commit(conn, lease, secrets),
-            ToExecutor::ReleaseLease { term: _, lease } => self.on_release(lease),
+            ToExecutor::ReleaseLease { term: _, lease } => self.on_release(conn, lease),
             ToExecutor::CancelAttempt {
                 term: _,
                 lease,
@@ -485,7 +485,7 @@ impl Executor {
         }
     }
 
-    /// Leases held here: reserved and running seats. Leases whose only trace is an unacked
+    /// Leases held here: reserved and running seats, and leases waiting for one (E16). Leases whose only trace is an unacked
     /// event are not listed: the snapshot's `outbox_high` tells the mill to judge nothing
     /// before it has applied those events (M8), so a job that finished while disconnected
     /// is never failed as "no longer has the job" just before its terminal arrives (I3).
@@ -497,11 +497,12 @@ impl Executor {
             .reserved
             .keys()
             .chain(self.seats.running.keys())
+            .chain(self.seats.waiting.keys())
             .copied()
             .collect();
         debug_assert!(
             leases.len() <= MAX_ACTIVE_LEASES,
-            "{} leases held, more than the seats allow",
+            "{} leases held, more than the snapshot bound",
             leases.len()
         );
         leases.into_iter().collect()

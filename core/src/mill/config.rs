@@ -28,6 +28,11 @@ pub struct MillConfig {
     /// lease at once and sending `ReserveSeat{direct}` and `CommitLease` back to back,
     /// instead of a bid. Default true.
     pub direct_placement: bool,
+    /// M36: late binding. A queued job that finds no free seat is staged on a node whose
+    /// seats are all taken (a direct ask the executor holds for its next free seat, E16),
+    /// and withdrawn if a seat elsewhere frees first or a job that goes before it (M33)
+    /// arrives. Needs `direct_placement`. Default true.
+    pub late_binding: bool,
     /// Most jobs waiting for placement; beyond it `Submit` is refused (M10). Default 10,000.
     pub max_pending: usize,
     /// How long an executor has to ack a `CancelAttempt` (M8, M26). Default 10 s.
@@ -72,6 +77,7 @@ impl Default for MillConfig {
             top_k: 3,
             bid_fallbacks: 8,
             direct_placement: true,
+            late_binding: true,
             retry_fence: Duration::from_secs(30),
             max_pending: 10_000,
             cancel_ack_timeout: Duration::from_secs(10),

@@ -345,6 +345,10 @@ pub enum RarePath {
     OldEpochLeaseFailed,
     /// An executor refused a direct ask; its commit found nothing to start (M35).
     DirectRefused,
+    /// A queued job was staged on a full node, to start on its next free seat (M36).
+    Staged,
+    /// A staged lease was withdrawn and the executor answered that it never started (M36).
+    StagedWithdrawn,
 }
 
 /// One decision a `Tick` may take, keyed in the timer table: each key has at most one
@@ -434,6 +438,16 @@ struct Lease {
     /// M35: published directly, and the executor's answer to its `ReserveSeat{direct}` has
     /// not come yet.
     direct_answer_due: bool,
+    /// M36: staged on a node whose seats were all taken: it starts on the node's next free
+    /// seat, and its commit is answered then. Not stored: a restarted mill holds it as any
+    /// published lease.
+    staged: bool,
+    /// M36: a staged lease the mill asked back (`ReleaseLease`); it ends Released if the
+    /// executor answers that it never started, and runs if it won the race.
+    withdrawn: bool,
+    /// M36: the queued job the withdrawal makes room for (M33: it goes before this one),
+    /// staged on the node when the answer comes, if it still waits.
+    withdraw_for: Option<JobId>,
 }
 
 /// Where a job that has not ended stands.
@@ -522,6 +536,11 @@ pub struct Mill {
     /// Asks whose round is over: an acceptance is released at once (M12).
     strays: BTreeMap<LeaseId, (NodeId, String)>,
     rank: RankIndex,
+    /// M36: the staged lease of each node that holds one (at most one per node).
+    staged: BTreeMap<NodeId, LeaseId>,
+    /// M36: ready nodes with an engine whose seats the mill holds all of and no staged lease:
+    /// where a queued job may be staged. Kept with the rank index.
+    stage_slots: BTreeSet<NodeId>,
     /// Nodes whose rank-index entry is stale (see `flush_index`).
     index_dirty: BTreeSet<NodeId>,
     quota: QuotaLedger,
@@ -590,6 +609,8 @@ impl Mill {
             asks: BTreeMap::new(),
             strays: BTreeMap::new(),
             rank: RankIndex::default(),
+            staged: BTreeMap::new(),
+            stage_slots: BTreeSet::new(),
             index_dirty: BTreeSet::new(),
             quota,
             keys: keys::Keys::default(),
@@ -1209,6 +1230,9 @@ impl Mill {
         };
         self.disarm(&Timer::Commit(lease));
         self.disarm(&Timer::Teardown(lease));
+        if l.staged {
+            self.unstage(&l.node, lease);
+        }
         if let Some(set) = self.node_leases.get_mut(&l.node) {
             set.remove(&lease);
             if set.is_empty() {

@@ -304,16 +304,20 @@ impl Mill {
     fn reindex_now(&mut self, node: &NodeId) {
         let Some(s) = self.sessions.get(node) else {
             self.rank.remove(node);
+            self.stage_slots.remove(node);
             return;
         };
         if !s.ready() || self.quarantined.contains(node) {
             self.rank.remove(node);
+            self.stage_slots.remove(node);
             return;
         }
         let mut keys = Vec::new();
+        let mut full = false;
         if let Some((_, engines)) = &s.snapshot {
             for (engine, status) in engines {
                 let held = s.held.get(engine).copied().unwrap_or(0);
+                full |= status.capacity > 0 && held >= status.capacity;
                 if status.available && held < status.capacity {
                     // Seats the mill holds there since the snapshot count as load too, so
                     // that a burst of placements spreads instead of piling on one node.
@@ -323,7 +327,22 @@ impl Mill {
                 }
             }
         }
+        // M36: where a queued job may wait for the next free seat.
+        let stageable = full
+            && self.config.late_binding
+            && self.config.direct_placement
+            && s.conn.is_some()
+            && !s.refuses_direct
+            && s.stage_refused != Some(s.frees)
+            && !self.staged.contains_key(node);
         self.rank.upsert(node, &s.labels, keys);
+        if stageable {
+            if !self.stage_slots.contains(node) {
+                self.stage_slots.insert(node.clone());
+            }
+        } else {
+            self.stage_slots.remove(node);
+        }
     }
 
     fn seat_taken(&mut self, node: &NodeId, engine: &str) {
@@ -370,8 +389,19 @@ impl Mill {
     /// a bid moves back by one. An owner's queue is in priority, then submit order. Within an
     /// owner, a job that cannot be placed now does not hide the owner's later jobs. Classes of
     /// job (engine, labels, pinned node) that found no candidate are not ranked again in the same pass.
-    /// Each owner tried costs O(log owners), however long the queue.
+    /// Each owner tried costs O(log owners), however long the queue. Jobs left without a
+    /// free seat may then be staged on full nodes (M36).
     pub(super) fn place_pending(&mut self) {
+        self.place_free();
+        if self.config.late_binding && self.config.direct_placement {
+            self.flush_index();
+            self.stage_pending();
+            self.withdraw_staged();
+        }
+    }
+
+    /// [`Mill::place_pending`]'s placement on free seats.
+    fn place_free(&mut self) {
         if self.queue.is_empty() {
             return;
         }
@@ -504,7 +534,7 @@ impl Mill {
             && j.quota_held
                 .as_ref()
                 .is_none_or(|held| *held == j.spec.seat_charge());
-        if direct && self.place_direct(job, &candidates[0]) {
+        if direct && self.place_direct(job, &candidates[0], false) {
             candidates.clear();
             return true;
         }
@@ -528,7 +558,7 @@ impl Mill {
     /// (E2) first, then the lease is published with `ReserveSeat{direct}` and `CommitLease`
     /// behind it. True when the job left the queue (placed, failed for quota, or waiting for
     /// it); false when it should be bid for instead.
-    fn place_direct(&mut self, job: JobId, node: &NodeId) -> bool {
+    fn place_direct(&mut self, job: JobId, node: &NodeId, staged: bool) -> bool {
         if !self
             .sessions
             .get(node)
@@ -575,7 +605,7 @@ impl Mill {
         j.direct_tried = true;
         self.queue_remove(job);
         let lease = self.alloc_lease();
-        self.publish(job, lease, node.clone(), charge, true);
+        self.publish(job, lease, node.clone(), charge, true, staged);
         true
     }
 
@@ -866,6 +896,7 @@ impl Mill {
         };
         l.direct_answer_due = false;
         let job = l.job;
+        let staged_on = l.staged.then(|| l.node.clone());
         let (reject, why) = match answer {
             Ok(resources) => {
                 if resources == l.resources {
@@ -883,6 +914,14 @@ impl Mill {
             Err(refusal) => refusal,
         };
         self.observe(Observation::Rare(RarePath::DirectRefused));
+        if let Some(staged_on) = staged_on {
+            // M36: it would refuse the next staged ask the same way until it frees
+            // something (drains, its outbox fills, its wait list is full).
+            if let Some(s) = self.sessions.get_mut(&staged_on) {
+                s.stage_refused = Some(s.frees);
+            }
+            self.reindex(&staged_on);
+        }
         if why.starts_with("charge") {
             // It charges more than the standard charge (E2, M14): every direct ask to it
             // would be refused the same way, so this session is only bid for.
@@ -981,7 +1020,7 @@ impl Mill {
         };
         if let Some(held) = j.quota_held.take() {
             if held == charge {
-                return self.publish(job, lease, node, charge, false);
+                return self.publish(job, lease, node, charge, false, false);
             }
             // The re-bid charges other resources than the quota holds: release both, retry.
             self.observe(Observation::Rare(RarePath::QuotaRebidChangedResources));
@@ -991,7 +1030,7 @@ impl Mill {
             return self.requeue(job);
         }
         match self.quota.try_acquire(job, &j.spec.identity, &charge) {
-            Ok(Acquire::Allowed) => self.publish(job, lease, node, charge, false),
+            Ok(Acquire::Allowed) => self.publish(job, lease, node, charge, false, false),
             Ok(Acquire::Denied { reason: why }) => {
                 self.release_remote(&node, lease);
                 self.job_seat_released(&node, job);
@@ -1041,7 +1080,8 @@ impl Mill {
 
     /// M16: persist the lease (with its quota hold) before the commit goes out. A `direct`
     /// lease (M35) takes its seat here and its `ReserveSeat{direct}` goes just ahead of the
-    /// commit, both behind the step's `Persist`.
+    /// commit, both behind the step's `Persist`. A `staged` lease (M36) is a direct one on a
+    /// node whose seats are all taken: it waits there for the next free seat.
     fn publish(
         &mut self,
         job: JobId,
@@ -1049,6 +1089,7 @@ impl Mill {
         node: NodeId,
         charge: Resources,
         direct: bool,
+        staged: bool,
     ) {
         let Some(epoch) = self.sessions.get(&node).map(|s| s.epoch) else {
             // The winner's session is gone: its seat with it.
@@ -1090,8 +1131,21 @@ impl Mill {
                 cancel: None,
                 attempt,
                 direct_answer_due: direct,
+                staged,
+                withdrawn: false,
+                withdraw_for: None,
             },
         );
+        if staged {
+            debug_assert!(
+                !self.staged.contains_key(&node),
+                "M36: {node} holds two staged leases"
+            );
+            self.staged.insert(node.clone(), lease);
+            self.stage_slots.remove(&node);
+            self.reindex(&node);
+            self.observe(Observation::Rare(RarePath::Staged));
+        }
         if let Some(record) = self.lease_record(lease) {
             self.persist(MillWrite::LeaseUpsert(record));
         }
@@ -1165,11 +1219,15 @@ impl Mill {
             return;
         };
         let due = self.now.plus(self.config.bid_timeout);
-        if let Some(l) = self.leases.get_mut(&lease) {
-            l.commit_sent = Some((conn, due));
-            l.commit_out = true;
-        }
+        let withdrawn = l.withdrawn;
+        l.commit_sent = Some((conn, due));
+        l.commit_out = true;
         self.arm(due, Timer::Commit(lease));
+        if withdrawn {
+            // M36: the withdrawal goes out again instead (the commit went out before); the
+            // executor answers it not committed, or it won the race and runs.
+            return self.send_release(conn, lease);
+        }
         self.send(
             conn,
             ToExecutor::CommitLease {
@@ -1192,6 +1250,15 @@ impl Mill {
             return;
         }
         let live = self.sessions.get(&l.node).and_then(|s| s.conn) == Some(conn);
+        if live && l.staged && !l.withdrawn {
+            // M36: a staged commit is answered when its seat frees, however long that
+            // takes; only its deadline moves on.
+            let due = self.now.plus(self.config.bid_timeout);
+            if let Some(l) = self.leases.get_mut(&lease) {
+                l.commit_sent = Some((conn, due));
+            }
+            return self.arm(due, Timer::Commit(lease));
+        }
         if live {
             self.observe(Observation::Rare(RarePath::CommitResent));
             self.send_commit(lease);
@@ -1209,9 +1276,27 @@ impl Mill {
             return;
         }
         if committed {
-            self.mark_running(lease);
-        } else {
-            self.end_lease(lease, None);
+            return self.mark_running(lease);
+        }
+        let (job, withdrawn, for_job) = (l.job, l.withdrawn, l.withdraw_for);
+        if withdrawn {
+            // M36: it never started there; it is placed again, directly if a seat is free.
+            self.observe(Observation::Rare(RarePath::StagedWithdrawn));
+            if let Some(j) = self.jobs.get_mut(&job) {
+                j.direct_tried = false;
+            }
+        }
+        self.end_lease(lease, None);
+        if let Some(next) = for_job {
+            // M33: the job the withdrawal made room for takes the node's place in line.
+            self.flush_index();
+            if self.queue.contains(&next) && self.stage_slots.contains(node) {
+                if let Some(j) = self.jobs.get(&next) {
+                    if self.fits_stage(j, node) {
+                        self.place_direct(next, node, true);
+                    }
+                }
+            }
         }
     }
 
@@ -1225,8 +1310,12 @@ impl Mill {
         }
         l.state = LeaseState::Running;
         l.commit_sent = None;
+        let staged = std::mem::take(&mut l.staged);
         self.timers.stop(&Timer::Commit(lease));
         let (job, node) = (l.job, l.node.clone());
+        if staged {
+            self.unstage(&node, lease);
+        }
         // I1: the mill never holds two committed leases for one job: the lease that runs is
         // the one the job's phase names.
         debug_assert!(
@@ -1244,6 +1333,215 @@ impl Mill {
             state: state.clone(),
         });
         self.emit(MillOutput::JobUpdate { job, state });
+    }
+}
+
+/// M36: most queued jobs one staging pass looks at.
+const STAGE_SCAN: usize = 256;
+/// M36: most stage slots, or staged leases, looked at for one job.
+const STAGE_WALK: usize = 64;
+
+impl Mill {
+    /// M36: `node` no longer holds staged `lease` (it runs, or ended).
+    pub(super) fn unstage(&mut self, node: &NodeId, lease: LeaseId) {
+        if self.staged.get(node) == Some(&lease) {
+            self.staged.remove(node);
+            self.reindex(node);
+        }
+    }
+
+    /// M36: stages queued jobs that found no free seat on full nodes, in M33's order: each
+    /// goes to a stage slot it fits, or — when a node it fits is staged for a job that goes
+    /// after it (M33) — that lease is withdrawn to make room for it. Looks at no more than
+    /// `STAGE_SCAN` jobs, each at no more than `STAGE_WALK` nodes.
+    fn stage_pending(&mut self) {
+        if self.queue.is_empty() || (self.stage_slots.is_empty() && self.staged.is_empty()) {
+            return;
+        }
+        let mut scanned = 0usize;
+        let mut cursor: Option<super::FairKey> = None;
+        loop {
+            let next = match &cursor {
+                None => self.fair.first().cloned(),
+                Some(c) => self
+                    .fair
+                    .range((Excluded(c.clone()), Unbounded))
+                    .next()
+                    .cloned(),
+            };
+            let Some(key) = next else { break };
+            let (_, first, owner) = key.clone();
+            cursor = Some(key);
+            let mut at = Some(first);
+            while let Some(key) = at {
+                scanned += 1;
+                if scanned > STAGE_SCAN {
+                    return;
+                }
+                if self.try_stage(key.job) {
+                    break;
+                }
+                at = self
+                    .owners
+                    .get(&*owner)
+                    .and_then(|o| o.queued.range((Excluded(key), Unbounded)).next().copied());
+            }
+        }
+    }
+
+    /// [`Mill::stage_pending`] for one queued job: true when it was staged, left the queue
+    /// otherwise (quota), or a withdrawal was started for it.
+    fn try_stage(&mut self, job: JobId) -> bool {
+        let Some(j) = self.jobs.get(&job) else {
+            return false;
+        };
+        // Staging is a direct placement: once per job, with the standard charge (M35).
+        if j.direct_tried
+            || j.quota_held
+                .as_ref()
+                .is_some_and(|held| *held != j.spec.seat_charge())
+        {
+            return false;
+        }
+        let pinned = j.spec.node.clone();
+        let slot = match &pinned {
+            Some(node) => self
+                .stage_slots
+                .contains(node)
+                .then(|| node.clone())
+                .filter(|n| self.fits_stage(j, n)),
+            None => self
+                .stage_slots
+                .iter()
+                .take(STAGE_WALK)
+                .find(|n| self.fits_stage(j, n))
+                .cloned(),
+        };
+        if let Some(node) = slot {
+            return self.place_direct(job, &node, true);
+        }
+        // M33: a staged job that goes after this one gives its place up.
+        let victim = self
+            .staged
+            .iter()
+            .filter(|(n, _)| pinned.as_ref().is_none_or(|p| p == *n))
+            .take(STAGE_WALK)
+            .find(|(n, lease)| {
+                self.leases.get(lease).is_some_and(|l| {
+                    !l.withdrawn && self.fits_stage(j, n) && self.goes_before(job, l.job)
+                })
+            })
+            .map(|(_, lease)| *lease);
+        match victim {
+            Some(lease) => {
+                self.withdraw(lease, Some(job));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// M36: whether `j` could wait on `node` for its next seat: the node is ready, offers
+    /// the job's engine with every seat of it held, holds its labels and is the node it is
+    /// pinned to if any, and has not refused it (M13, M34) on this session.
+    fn fits_stage(&self, j: &super::Job, node: &NodeId) -> bool {
+        let Some(s) = self.sessions.get(node) else {
+            return false;
+        };
+        let Some((_, engines)) = &s.snapshot else {
+            return false;
+        };
+        let full = engines.get(&j.spec.engine).is_some_and(|e| {
+            e.capacity > 0 && s.held.get(&j.spec.engine).copied().unwrap_or(0) >= e.capacity
+        });
+        full && s.ready()
+            && s.conn.is_some()
+            && j.spec.node.as_ref().is_none_or(|p| p == node)
+            && j.spec.labels.is_subset(&s.labels)
+            && j.incompatible.get(node).is_none_or(|c| s.conn != Some(*c))
+            && j.refused.get(node).is_none_or(|&at| s.frees != at)
+    }
+
+    /// M33 between a queued job and a staged one: the same owner's go by priority, then
+    /// submit order; different owners' by (leases, priority, submit order), counting the
+    /// staged job's owner without the staged lease (as if it were still queued).
+    fn goes_before(&self, job: JobId, staged: JobId) -> bool {
+        let (Some(a), Some(b)) = (self.jobs.get(&job), self.jobs.get(&staged)) else {
+            return false;
+        };
+        let (ka, kb) = (
+            super::QueueKey::of(job, &a.spec),
+            super::QueueKey::of(staged, &b.spec),
+        );
+        let (oa, ob) = (&a.spec.identity.owner, &b.spec.identity.owner);
+        if oa == ob {
+            return ka < kb;
+        }
+        let load = |o: &str| self.owners.get(o).map_or(0, super::OwnerJobs::load);
+        (load(oa), ka) < (load(ob).saturating_sub(1), kb)
+    }
+
+    /// M36: asks a staged lease back. The executor answers `CommitResult{false}` if it had
+    /// not started it (the lease ends Released and the job is placed again); if it had, the
+    /// job runs there and the withdrawal is moot.
+    fn withdraw(&mut self, lease: LeaseId, for_job: Option<JobId>) {
+        let Some(l) = self.leases.get_mut(&lease) else {
+            return;
+        };
+        debug_assert!(l.staged && !l.withdrawn, "M36: {lease} withdrawn twice");
+        l.withdrawn = true;
+        l.withdraw_for = for_job;
+        let node = l.node.clone();
+        let epoch = l.epoch;
+        let conn = self
+            .sessions
+            .get(&node)
+            .filter(|s| s.ready() && s.epoch == epoch)
+            .and_then(|s| s.conn);
+        if let Some(conn) = conn {
+            self.send_release(conn, lease);
+        }
+        // Otherwise the node is away: its commit (now the withdrawal, `send_commit`) goes
+        // out again when it is back, or reconcile ends the lease.
+    }
+
+    /// M36, work conservation: while a node has a seat free that no queued job took, staged
+    /// leases whose job could take it are withdrawn, oldest first, at most one per node
+    /// with a free seat.
+    fn withdraw_staged(&mut self) {
+        if self.staged.is_empty() || self.rank.is_empty() {
+            return;
+        }
+        let mut budget = self.rank.len();
+        let mut staged: Vec<LeaseId> = self.staged.values().copied().collect();
+        staged.sort_unstable();
+        let mut top = Vec::new();
+        for lease in staged {
+            if budget == 0 {
+                break;
+            }
+            let Some(l) = self.leases.get(&lease) else {
+                continue;
+            };
+            if l.withdrawn {
+                continue;
+            }
+            let Some(j) = self.jobs.get(&l.job) else {
+                continue;
+            };
+            if j.spec.node.is_some() {
+                continue; // a pinned job has no other node
+            }
+            top.clear();
+            self.rank.top(&j.spec.engine, &j.spec.labels, 1, &mut top);
+            let free_elsewhere = top.first().is_some_and(|n| {
+                n != &l.node && !resource_full(&self.sessions, n, &j.spec.engine, &j.spec.resources)
+            });
+            if free_elsewhere {
+                budget -= 1;
+                self.withdraw(lease, None);
+            }
+        }
     }
 }
 

@@ -74,6 +74,9 @@ impl Mill {
                     cancel: record.cancel.map(LeaseCancel::restored),
                     attempt: record.attempt,
                     direct_answer_due: false,
+                    staged: false,
+                    withdrawn: false,
+                    withdraw_for: None,
                 },
             );
         }

@@ -60,6 +60,9 @@ pub(super) struct Session {
     /// M35: this session refused a direct ask for its charge (it charges more than the
     /// standard charge, M14): it is only bid for from then on.
     pub(super) refuses_direct: bool,
+    /// M36: the `frees` mark when this session refused a staged ask (draining, outbox full,
+    /// its wait list full): nothing more is staged there until it frees something.
+    pub(super) stage_refused: Option<u64>,
 }
 
 impl Session {
@@ -82,6 +85,7 @@ impl Session {
             greeted: false,
             frees: 0,
             refuses_direct: false,
+            stage_refused: None,
         }
     }
 

@@ -9,6 +9,7 @@ use crate::quota::QuotaConfig;
 fn direct_config() -> MillConfig {
     MillConfig {
         direct_placement: true,
+        late_binding: false,
         ..config()
     }
 }
