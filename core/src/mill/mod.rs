@@ -445,9 +445,6 @@ struct Lease {
     /// M36: a staged lease the mill asked back (`ReleaseLease`); it ends Released if the
     /// executor answers that it never started, and runs if it won the race.
     withdrawn: bool,
-    /// M36: the queued job the withdrawal makes room for (M33: it goes before this one),
-    /// staged on the node when the answer comes, if it still waits.
-    withdraw_for: Option<JobId>,
 }
 
 /// Where a job that has not ended stands.
@@ -499,6 +496,12 @@ struct Job {
     /// M35: it was placed directly once; every later placement is a bid, so a node that
     /// refuses direct asks costs one wasted lease per job, never a loop.
     direct_tried: bool,
+    /// M36: a staged lease of it was withdrawn for a job that went before it (M33): it
+    /// never makes another staged job yield.
+    yielded: bool,
+    /// M36: how many of its staged leases were withdrawn (at most `MAX_WITHDRAWALS` for a
+    /// seat elsewhere).
+    withdrawn: u32,
 }
 
 /// The mill. See the module docs.
@@ -1036,6 +1039,8 @@ impl Mill {
                 attempt: 0,
                 retried: 0,
                 direct_tried: false,
+                yielded: false,
+                withdrawn: 0,
                 fenced_run: None,
             }),
         );

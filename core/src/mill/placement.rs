@@ -896,7 +896,6 @@ impl Mill {
         };
         l.direct_answer_due = false;
         let job = l.job;
-        let staged_on = l.staged.then(|| l.node.clone());
         let (reject, why) = match answer {
             Ok(resources) => {
                 if resources == l.resources {
@@ -914,14 +913,6 @@ impl Mill {
             Err(refusal) => refusal,
         };
         self.observe(Observation::Rare(RarePath::DirectRefused));
-        if let Some(staged_on) = staged_on {
-            // M36: it would refuse the next staged ask the same way until it frees
-            // something (drains, its outbox fills, its wait list is full).
-            if let Some(s) = self.sessions.get_mut(&staged_on) {
-                s.stage_refused = Some(s.frees);
-            }
-            self.reindex(&staged_on);
-        }
         if why.starts_with("charge") {
             // It charges more than the standard charge (E2, M14): every direct ask to it
             // would be refused the same way, so this session is only bid for.
@@ -1133,7 +1124,6 @@ impl Mill {
                 direct_answer_due: direct,
                 staged,
                 withdrawn: false,
-                withdraw_for: None,
             },
         );
         if staged {
@@ -1278,7 +1268,7 @@ impl Mill {
         if committed {
             return self.mark_running(lease);
         }
-        let (job, withdrawn, for_job) = (l.job, l.withdrawn, l.withdraw_for);
+        let (job, staged, withdrawn) = (l.job, l.staged, l.withdrawn);
         if withdrawn {
             // M36: it never started there; it is placed again, directly if a seat is free.
             self.observe(Observation::Rare(RarePath::StagedWithdrawn));
@@ -1287,16 +1277,14 @@ impl Mill {
             }
         }
         self.end_lease(lease, None);
-        if let Some(next) = for_job {
-            // M33: the job the withdrawal made room for takes the node's place in line.
-            self.flush_index();
-            if self.queue.contains(&next) && self.stage_slots.contains(node) {
-                if let Some(j) = self.jobs.get(&next) {
-                    if self.fits_stage(j, node) {
-                        self.place_direct(next, node, true);
-                    }
-                }
+        if staged && !withdrawn {
+            // M36: the node dropped or refused a staged lease (it drains, its outbox or
+            // wait list is full, the ask expired): nothing more is staged there until it
+            // frees something.
+            if let Some(s) = self.sessions.get_mut(node) {
+                s.stage_refused = Some(s.frees);
             }
+            self.reindex(node);
         }
     }
 
@@ -1340,6 +1328,10 @@ impl Mill {
 const STAGE_SCAN: usize = 256;
 /// M36: most stage slots, or staged leases, looked at for one job.
 const STAGE_WALK: usize = 64;
+/// M36: most times one job's staged lease is withdrawn for a seat elsewhere; past it the
+/// job waits where it is staged, so a seat a placement cannot use after all (a filter the
+/// check missed, a quota wait) never turns withdrawals into a loop.
+const MAX_WITHDRAWALS: u32 = 4;
 
 impl Mill {
     /// M36: `node` no longer holds staged `lease` (it runs, or ended).
@@ -1347,6 +1339,8 @@ impl Mill {
         if self.staged.get(node) == Some(&lease) {
             self.staged.remove(node);
             self.reindex(node);
+            // Its place in line is open: a queued job may take it.
+            self.placement_dirty = true;
         }
     }
 
@@ -1421,6 +1415,9 @@ impl Mill {
             return self.place_direct(job, &node, true);
         }
         // M33: a staged job that goes after this one gives its place up.
+        if j.yielded {
+            return false;
+        }
         let victim = self
             .staged
             .iter()
@@ -1434,7 +1431,7 @@ impl Mill {
             .map(|(_, lease)| *lease);
         match victim {
             Some(lease) => {
-                self.withdraw(lease, Some(job));
+                self.withdraw(lease, true);
                 true
             }
             None => false,
@@ -1462,35 +1459,33 @@ impl Mill {
             && j.refused.get(node).is_none_or(|&at| s.frees != at)
     }
 
-    /// M33 between a queued job and a staged one: the same owner's go by priority, then
-    /// submit order; different owners' by (leases, priority, submit order), counting the
-    /// staged job's owner without the staged lease (as if it were still queued).
+    /// M33 between a queued job and a staged one of the same owner: priority, then submit
+    /// order. Jobs of different owners never displace each other once staged: their order
+    /// (M33's lease counts) moves with every lease that starts or ends, and displacing by it
+    /// could chase staged leases round without end; it was judged when the lease was staged.
     fn goes_before(&self, job: JobId, staged: JobId) -> bool {
         let (Some(a), Some(b)) = (self.jobs.get(&job), self.jobs.get(&staged)) else {
             return false;
         };
-        let (ka, kb) = (
-            super::QueueKey::of(job, &a.spec),
-            super::QueueKey::of(staged, &b.spec),
-        );
-        let (oa, ob) = (&a.spec.identity.owner, &b.spec.identity.owner);
-        if oa == ob {
-            return ka < kb;
-        }
-        let load = |o: &str| self.owners.get(o).map_or(0, super::OwnerJobs::load);
-        (load(oa), ka) < (load(ob).saturating_sub(1), kb)
+        a.spec.identity.owner == b.spec.identity.owner
+            && super::QueueKey::of(job, &a.spec) < super::QueueKey::of(staged, &b.spec)
     }
 
     /// M36: asks a staged lease back. The executor answers `CommitResult{false}` if it had
     /// not started it (the lease ends Released and the job is placed again); if it had, the
-    /// job runs there and the withdrawal is moot.
-    fn withdraw(&mut self, lease: LeaseId, for_job: Option<JobId>) {
+    /// job runs there and the withdrawal is moot. One withdrawn for a job that goes before
+    /// it (`m33`) yields for good: its job never makes another staged job yield, so yields
+    /// cannot chase each other round.
+    fn withdraw(&mut self, lease: LeaseId, m33: bool) {
         let Some(l) = self.leases.get_mut(&lease) else {
             return;
         };
         debug_assert!(l.staged && !l.withdrawn, "M36: {lease} withdrawn twice");
         l.withdrawn = true;
-        l.withdraw_for = for_job;
+        if let Some(j) = self.jobs.get_mut(&l.job) {
+            j.yielded |= m33;
+            j.withdrawn = j.withdrawn.saturating_add(1);
+        }
         let node = l.node.clone();
         let epoch = l.epoch;
         let conn = self
@@ -1529,17 +1524,30 @@ impl Mill {
             let Some(j) = self.jobs.get(&l.job) else {
                 continue;
             };
-            if j.spec.node.is_some() {
-                continue; // a pinned job has no other node
+            // A pinned job has no other node.
+            if j.spec.node.is_some() || j.withdrawn >= MAX_WITHDRAWALS {
+                continue;
             }
             top.clear();
-            self.rank.top(&j.spec.engine, &j.spec.labels, 1, &mut top);
-            let free_elsewhere = top.first().is_some_and(|n| {
-                n != &l.node && !resource_full(&self.sessions, n, &j.spec.engine, &j.spec.resources)
+            let limit = self.config.top_k + self.config.bid_fallbacks;
+            self.rank
+                .top(&j.spec.engine, &j.spec.labels, limit, &mut top);
+            // A seat its placement would take (`try_place`'s filters): not one it was told
+            // never (M13) or refused for a resource since (M34), nor a resource-full one.
+            let sessions = &self.sessions;
+            let free_elsewhere = top.iter().any(|n| {
+                n != &l.node
+                    && j.incompatible
+                        .get(n)
+                        .is_none_or(|c| sessions.get(n).and_then(|s| s.conn) != Some(*c))
+                    && j.refused
+                        .get(n)
+                        .is_none_or(|&at| sessions.get(n).is_none_or(|s| s.frees != at))
+                    && !resource_full(sessions, n, &j.spec.engine, &j.spec.resources)
             });
             if free_elsewhere {
                 budget -= 1;
-                self.withdraw(lease, None);
+                self.withdraw(lease, false);
             }
         }
     }

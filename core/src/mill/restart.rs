@@ -76,7 +76,6 @@ impl Mill {
                     direct_answer_due: false,
                     staged: false,
                     withdrawn: false,
-                    withdraw_for: None,
                 },
             );
         }
@@ -140,6 +139,8 @@ impl Mill {
                     attempt: tally.last,
                     retried: tally.retried,
                     direct_tried: false,
+                    yielded: false,
+                    withdrawn: 0,
                     fenced_run: fence.and(tally.fenced_run.as_ref().map(|(l, _)| *l)),
                 }),
             );

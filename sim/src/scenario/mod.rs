@@ -277,6 +277,8 @@ pub struct ConfigOverrides {
     /// `direct_placement` (M35); `None`: on in three seeds of four, off in the rest
     /// ([`direct_for_seed`]).
     pub direct_placement: Option<bool>,
+    /// `late_binding` (M36); `None`: the mill's default (on).
+    pub late_binding: Option<bool>,
 }
 
 /// M35 when the scenario does not say: on in three seeds of four, so both placement paths
@@ -386,6 +388,9 @@ impl Scenario {
         }
         if let Some(v) = o.direct_placement {
             c.direct_placement = v;
+        }
+        if let Some(v) = o.late_binding {
+            c.late_binding = v;
         }
         c
     }

@@ -175,6 +175,7 @@ pub(super) struct ConfigDoc {
     pub(super) quarantine_strikes: Option<u32>,
     pub(super) max_sessions: Option<usize>,
     pub(super) direct_placement: Option<bool>,
+    pub(super) late_binding: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -256,6 +256,7 @@ pub(super) fn build_config(
             quarantine_strikes: c.quarantine_strikes,
             max_sessions: c.max_sessions,
             direct_placement: c.direct_placement,
+            late_binding: c.late_binding,
         };
     }
     Ok((config, tight, config_span))

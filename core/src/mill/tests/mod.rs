@@ -10,6 +10,7 @@ mod restart;
 mod retries;
 mod review;
 mod sessions;
+mod staging;
 mod term;
 mod timers;
 
