@@ -231,6 +231,17 @@ pub struct MillTuning {
         help_heading = "Advanced"
     )]
     pub direct_placement: bool,
+    /// Late binding (M36): a job that finds no free seat waits on a full executor for its
+    /// next free seat, and is taken back if a seat frees elsewhere first. Needs direct
+    /// placement.
+    #[arg(
+        long,
+        env = "MILLRACE_LATE_BINDING",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        help_heading = "Advanced"
+    )]
+    pub late_binding: bool,
     /// Most jobs waiting for placement; beyond it submits get 503 (M10).
     #[arg(
         long,
@@ -408,6 +419,7 @@ impl Default for MillTuning {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
             direct_placement: true,
+            late_binding: true,
             max_pending: 10_000,
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),
@@ -875,6 +887,10 @@ pub struct BenchArgs {
     /// The mill's direct placement (M35); `false` places every job by bid (M12), for A/B runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub direct_placement: bool,
+    /// The mill's late binding (M36); `false` leaves a job with no free seat queued, for A/B
+    /// runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub late_binding: bool,
     /// The mill's store: a SQLite store on a temp dir (the default), or
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` to measure the shared store (DESIGN §10);
     /// the database must be millrace's own, and no other mill may lead it.

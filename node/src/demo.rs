@@ -38,6 +38,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                 bid_timeout: Duration::from_secs(5),
                 top_k: 3,
                 direct_placement: true,
+                late_binding: true,
                 max_pending: args.jobs.max(10_000),
                 cancel_ack_timeout: Duration::from_secs(10),
                 cancel_teardown_timeout: Duration::from_secs(600),

@@ -128,6 +128,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
             bid_timeout: Duration::from_secs(5),
             top_k: 3,
             direct_placement: args.direct_placement,
+            late_binding: args.late_binding,
             max_pending: args.jobs.max(10_000),
             cancel_ack_timeout: Duration::from_secs(10),
             cancel_teardown_timeout: Duration::from_secs(600),

@@ -176,6 +176,7 @@ impl MillOptions {
             bid_timeout: self.tuning.bid_timeout,
             top_k: self.tuning.top_k,
             direct_placement: self.tuning.direct_placement,
+            late_binding: self.tuning.late_binding,
             max_pending: self.tuning.max_pending,
             cancel_ack_timeout: self.tuning.cancel_ack_timeout,
             cancel_teardown_timeout: self.tuning.cancel_teardown_timeout,

@@ -130,6 +130,10 @@ enum Command {
         /// Bid for every job (M12) instead of placing directly (M35), to compare.
         #[arg(long)]
         bid: bool,
+        /// Leave a job with no free seat queued instead of staging it on a full executor
+        /// (M36), to compare.
+        #[arg(long)]
+        no_late_binding: bool,
     },
 }
 
@@ -199,7 +203,16 @@ fn main() -> ExitCode {
             top_k,
             seed,
             bid,
-        } => quality(&loads, executors, seconds, top_k, seed, !bid),
+            no_late_binding,
+        } => quality(
+            &loads,
+            executors,
+            seconds,
+            top_k,
+            seed,
+            !bid,
+            !no_late_binding,
+        ),
         Command::Fuzz {
             seeds,
             start,
@@ -625,6 +638,7 @@ fn quality(
     top_k: Option<usize>,
     seed: u64,
     direct: bool,
+    late_binding: bool,
 ) -> ExitCode {
     let mut failed = false;
     let trips = if direct { 2 } else { 4 };
@@ -637,6 +651,7 @@ fn quality(
         setup.top_k = top_k;
         setup.seed = seed;
         setup.direct = direct;
+        setup.late_binding = late_binding;
         eprintln!("quality: load {load} ...");
         let began = Instant::now();
         let r = sim::quality::run(&setup);

@@ -52,6 +52,8 @@ pub struct Setup {
     pub top_k: Option<usize>,
     /// Direct placement (M35, the default); `false` bids for every job (M12).
     pub direct: bool,
+    /// Late binding (M36, the default); `false` leaves a job with no free seat queued.
+    pub late_binding: bool,
 }
 
 impl Setup {
@@ -68,6 +70,7 @@ impl Setup {
             seed: 1,
             top_k: None,
             direct: true,
+            late_binding: true,
         }
     }
 }
@@ -301,6 +304,7 @@ pub fn run(setup: &Setup) -> Report {
         };
     };
     sc.config.direct_placement = Some(setup.direct);
+    sc.config.late_binding = Some(setup.late_binding);
     let mut sim = Sim::with_workload(&sc, setup.seed, Trace::off(), Some(workload));
     if let Some(k) = setup.top_k {
         sim.w.mill_cfg.top_k = k;
@@ -412,6 +416,7 @@ mod tests {
             seed: 3,
             top_k: None,
             direct: true,
+            late_binding: true,
         };
         let r = run(&setup);
         assert!(r.failure.is_none(), "{:?}", r.failure);

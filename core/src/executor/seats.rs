@@ -217,7 +217,7 @@ pub(super) enum Admitted {
 
 /// Admission of a new seat (E2): incompatibility first (it is the lasting answer), then
 /// draining, outbox headroom and free capacity (transient). A `direct` ask (M35, M36) that
-/// finds no free seat waits for one while the engine's wait list has room (E16). Returns the
+/// finds every seat taken waits for one while the engine's wait list has room (E16). Returns the
 /// charge and how it is held.
 pub(super) fn admit(
     config: &ExecutorConfig,
@@ -233,7 +233,11 @@ pub(super) fn admit(
     }
     if let Some(engine) = config.engines.get(&spec.engine) {
         if let Err(why) = fits_now(seats, &spec.engine, engine, &charged) {
-            if direct && seats.may_wait(&spec.engine, engine.capacity) {
+            // E16: only a direct ask that finds every seat taken waits (the mill stages a
+            // job only on a node whose seats it holds all of, M36); one short of a resource
+            // is refused, so the mill learns which (M34).
+            let seats_full = seats.in_use(&spec.engine) >= engine.capacity;
+            if direct && seats_full && seats.may_wait(&spec.engine, engine.capacity) {
                 return Ok((charged, Admitted::Wait));
             }
             return Err(Refusal::Transient(bounded_reason(why, MAX_REASON)));

@@ -2414,3 +2414,170 @@ fn closes(outs: &[ExecutorOutput]) -> String {
     assert_eq!(reasons.len(), 1, "one close: {outs:?}");
     reasons[0].clone()
 }
+
+// --------------------------------------------------------------------------------------- E16
+
+impl Harness {
+    fn reserve_direct(&mut self, lease: LeaseId, spec: JobSpec) -> Vec<ExecutorOutput> {
+        self.mill(ToExecutor::ReserveSeat {
+            term: crate::types::Term(1),
+            lease,
+            job: JobId(lease.get() + 100),
+            spec: Box::new(spec),
+            ttl: secs(45),
+            direct: true,
+        })
+    }
+}
+
+#[test]
+fn e16_a_direct_ask_with_every_seat_taken_waits_and_starts_on_the_next_free_seat_commit_durable_first(
+) {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    let (accepted, ..) = reserve_result(&h.reserve_direct(L2, spec("shell")));
+    assert!(accepted, "E16: a direct ask waits for the next free seat");
+    assert_eq!(h.exec.queued_leases().collect::<Vec<_>>(), [L2]);
+    assert!(
+        h.exec.reserved_leases().next().is_none(),
+        "it holds no seat"
+    );
+    let outs = h.commit(L2);
+    assert!(
+        outs.is_empty(),
+        "its commit is answered when it starts, once durable (E4): {outs:?}"
+    );
+    // It waits past its ttl (45 s): a committed lease no longer expires (E3). The mill is
+    // heard meanwhile, so nothing fences (E12).
+    let mut snaps = Vec::new();
+    for _ in 0..10 {
+        snaps.extend(snapshots(&h.advance(secs(5))));
+        h.mill(ToExecutor::ReleaseLease {
+            term: crate::types::Term(1),
+            lease: L3,
+        });
+    }
+    assert_eq!(h.exec.queued_leases().collect::<Vec<_>>(), [L2]);
+    // The snapshots list it, so the mill's reconcile (M8) never ends it as gone.
+    assert!(
+        !snaps.is_empty() && snaps.iter().all(|(_, _, active)| active.contains(&L2)),
+        "{snaps:?}"
+    );
+    // The running job ends: its seat goes to the waiting lease in the same step.
+    let outs = h.exited(L1, TerminalStatus::Success);
+    let n = names(&outs);
+    let start = n.iter().position(|s| s == "start").expect("started");
+    let commit = n
+        .iter()
+        .position(|s| s == "send:CommitResult")
+        .expect("answered");
+    let persist = n
+        .iter()
+        .rposition(|s| s == "persist")
+        .filter(|&p| p < start)
+        .expect("persisted before it starts");
+    assert!(persist < start && start < commit, "{n:?}");
+    assert!(all_writes(&outs)
+        .iter()
+        .any(|w| matches!(w, ExecutorWrite::JobCommitted { lease, .. } if *lease == L2)));
+    assert!(sent(&outs).contains(&ToMill::CommitResult {
+        lease: L2,
+        committed: true
+    }));
+    assert_eq!(h.exec.running_leases().collect::<Vec<_>>(), [L2]);
+    assert!(h.exec.queued_leases().next().is_none());
+}
+
+#[test]
+fn e16_releasing_a_waiting_lease_drops_it_and_answers_not_committed() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    h.reserve_direct(L2, spec("shell"));
+    h.commit(L2);
+    let outs = h.mill(ToExecutor::ReleaseLease {
+        term: crate::types::Term(1),
+        lease: L2,
+    });
+    assert_eq!(
+        sent(&outs),
+        [ToMill::CommitResult {
+            lease: L2,
+            committed: false
+        }]
+    );
+    assert!(h.exec.queued_leases().next().is_none());
+    // The seat frees: nothing else starts.
+    let outs = h.exited(L1, TerminalStatus::Success);
+    assert!(!names(&outs).iter().any(|n| n == "start"), "{outs:?}");
+}
+
+#[test]
+fn e16_bids_and_asks_short_of_a_resource_are_refused_and_at_most_capacity_leases_wait() {
+    let mut h = Harness::ready(config());
+    h.run(L1, "shell");
+    // A bid is answered now: refused.
+    let (accepted, reject, ..) = reserve_result(&h.reserve(L2, spec("shell")));
+    assert!(!accepted);
+    assert_eq!(reject, Some(RejectKind::Transient));
+    // One direct ask waits (capacity 1); the next is refused.
+    assert!(reserve_result(&h.reserve_direct(L2, spec("shell"))).0);
+    let (accepted, reject, reason, _) = reserve_result(&h.reserve_direct(L3, spec("shell")));
+    assert!(
+        !accepted && reject == Some(RejectKind::Transient),
+        "{reason}"
+    );
+    // A free seat short of a resource is refused, never waited for: the mill learns which
+    // resource (M34).
+    let mut c = config();
+    c.engines.insert(
+        "shell".into(),
+        EngineConfig {
+            capacity: 2,
+            resources: Resources::from([("cpu_millis".to_string(), 1500)]),
+        },
+    );
+    let mut h = Harness::ready(c);
+    h.run(L1, "shell");
+    let (accepted, _, reason, _) = reserve_result(&h.reserve_direct(L2, spec("shell")));
+    assert!(!accepted && reason.contains("cpu_millis"), "{reason}");
+}
+
+#[test]
+fn e16_a_cancel_a_drain_or_self_fencing_drops_a_waiting_lease_and_a_restart_forgets_it() {
+    for how in ["cancel", "drain", "fence", "restart"] {
+        let mut h = Harness::ready(config());
+        h.run(L1, "shell");
+        h.reserve_direct(L2, spec("shell"));
+        h.commit(L2);
+        match how {
+            "cancel" => {
+                let outs = h.mill(ToExecutor::CancelAttempt {
+                    term: crate::types::Term(1),
+                    lease: L2,
+                    reason: "stop".into(),
+                });
+                assert!(sent(&outs).contains(&ToMill::CancelAck { lease: L2 }));
+            }
+            "drain" => {
+                let outs = h.feed(ExecutorInput::Drain);
+                assert!(sent(&outs).contains(&ToMill::CommitResult {
+                    lease: L2,
+                    committed: false
+                }));
+            }
+            "fence" => {
+                h.disconnect();
+                h.advance(secs(120));
+            }
+            _ => {
+                h.restart(secs(1));
+            }
+        }
+        assert!(h.exec.queued_leases().next().is_none(), "{how}");
+        let outs = h.exited(L1, TerminalStatus::Success);
+        assert!(
+            !names(&outs).iter().any(|n| n == "start"),
+            "{how}: nothing waiting starts: {outs:?}"
+        );
+    }
+}
