@@ -137,6 +137,7 @@ impl Checker {
                     let mut owed = x
                         .reserved_leases()
                         .chain(x.running_leases())
+                        .chain(x.queued_leases())
                         .filter(|l| p.held_before.contains(l));
                     if let Some(missing) = owed.find(|l| !reported(l)) {
                         return fail(
@@ -196,6 +197,19 @@ impl Checker {
                 return fail(
                     "I6",
                     format!("x{exec} holds {n} seats of {engine}, capacity {cap}"),
+                );
+            }
+            // E16: at most `capacity` leases wait for a seat of an engine.
+            let waiting = x
+                .queued_leases()
+                .filter(|l| w.leases.get(l).is_some_and(|i| i.engine == engine))
+                .count();
+            if waiting > cap as usize {
+                return fail(
+                    "I6",
+                    format!(
+                        "x{exec} holds {waiting} leases waiting for {engine}, capacity {cap} (E16)"
+                    ),
                 );
             }
             for (name, &total) in cfg.into_iter().flat_map(|e| &e.resources) {

@@ -90,7 +90,8 @@ impl Checker {
             let Some(x) = &p.exec else {
                 return fail("I9", format!("x{i} is down at the end"));
             };
-            if let Some(l) = x.reserved_leases().chain(x.running_leases()).next() {
+            let held = x.reserved_leases().chain(x.running_leases());
+            if let Some(l) = held.chain(x.queued_leases()).next() {
                 return fail("I6", format!("x{i} still holds {l} at quiescence"));
             }
             if x.durable() != &p.store {

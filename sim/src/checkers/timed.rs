@@ -139,7 +139,8 @@ impl Checker {
             if !p.honest() {
                 continue;
             }
-            for lease in x.reserved_leases() {
+            // A lease waiting for a seat (E16) is a reservation the mill must know too.
+            for lease in x.reserved_leases().chain(x.queued_leases()) {
                 let asked_here = w.leases.get(&lease).is_some_and(|l| l.exec == i);
                 // A deposed mill that still runs knows what it asked (DESIGN §10).
                 let by_deposed = w.deposed.as_ref().is_some_and(|d| {

@@ -74,8 +74,11 @@ impl Sim {
             return;
         };
         p.held_before.clear();
-        p.held_before
-            .extend(x.reserved_leases().chain(x.running_leases()));
+        p.held_before.extend(
+            x.reserved_leases()
+                .chain(x.running_leases())
+                .chain(x.queued_leases()),
+        );
         p.outbox_before = p.store.outbox.iter().map(|e| e.seqno).max();
         if self.trace.enabled() {
             let name = &self.names[i + 1];

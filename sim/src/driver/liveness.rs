@@ -32,6 +32,7 @@ impl Sim {
             p.exec.as_ref().is_some_and(|x| {
                 x.reserved_leases().next().is_none()
                     && x.running_leases().next().is_none()
+                    && x.queued_leases().next().is_none()
                     && (quarantined || p.store.outbox.is_empty())
                     && (!p.violator() || quarantined)
             }) && p.engine.is_empty()
@@ -105,8 +106,11 @@ impl Sim {
                 match &p.exec {
                     None => detail.push_str(&format!(" x{i} down;")),
                     Some(x) => {
-                        let r: Vec<LeaseId> =
-                            x.reserved_leases().chain(x.running_leases()).collect();
+                        let r: Vec<LeaseId> = x
+                            .reserved_leases()
+                            .chain(x.running_leases())
+                            .chain(x.queued_leases())
+                            .collect();
                         if !r.is_empty()
                             || (!q && !p.store.outbox.is_empty())
                             || !p.engine.is_empty()
