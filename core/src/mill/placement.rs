@@ -400,6 +400,25 @@ impl Mill {
         }
     }
 
+    /// M33's next owner after `cursor` (the first without one).
+    fn fair_after(&self, cursor: Option<&super::FairKey>) -> Option<super::FairKey> {
+        match cursor {
+            None => self.fair.first().cloned(),
+            Some(c) => self
+                .fair
+                .range((Excluded(c.clone()), Unbounded))
+                .next()
+                .cloned(),
+        }
+    }
+
+    /// `owner`'s next queued job after `key`, in its order (M33).
+    fn queued_after(&self, owner: &str, key: super::QueueKey) -> Option<super::QueueKey> {
+        self.owners
+            .get(owner)
+            .and_then(|o| o.queued.range((Excluded(key), Unbounded)).next().copied())
+    }
+
     /// [`Mill::place_pending`]'s placement on free seats.
     fn place_free(&mut self) {
         if self.queue.is_empty() {
@@ -413,16 +432,7 @@ impl Mill {
         let limit = self.config.top_k + self.config.bid_fallbacks;
         let mut candidates = Vec::new();
         let mut cursor: Option<super::FairKey> = None;
-        loop {
-            let next = match &cursor {
-                None => self.fair.first().cloned(),
-                Some(c) => self
-                    .fair
-                    .range((Excluded(c.clone()), Unbounded))
-                    .next()
-                    .cloned(),
-            };
-            let Some(key) = next else { break };
+        while let Some(key) = self.fair_after(cursor.as_ref()) {
             let (_, first, owner) = key.clone();
             cursor = Some(key);
             let mut at = Some(first);
@@ -433,10 +443,7 @@ impl Mill {
                 if self.rank.is_empty() {
                     return;
                 }
-                at = self
-                    .owners
-                    .get(&*owner)
-                    .and_then(|o| o.queued.range((Excluded(key), Unbounded)).next().copied());
+                at = self.queued_after(&owner, key);
             }
             if self.rank.is_empty() {
                 break;
@@ -1354,16 +1361,7 @@ impl Mill {
         }
         let mut scanned = 0usize;
         let mut cursor: Option<super::FairKey> = None;
-        loop {
-            let next = match &cursor {
-                None => self.fair.first().cloned(),
-                Some(c) => self
-                    .fair
-                    .range((Excluded(c.clone()), Unbounded))
-                    .next()
-                    .cloned(),
-            };
-            let Some(key) = next else { break };
+        while let Some(key) = self.fair_after(cursor.as_ref()) {
             let (_, first, owner) = key.clone();
             cursor = Some(key);
             let mut at = Some(first);
@@ -1375,10 +1373,7 @@ impl Mill {
                 if self.try_stage(key.job) {
                     break;
                 }
-                at = self
-                    .owners
-                    .get(&*owner)
-                    .and_then(|o| o.queued.range((Excluded(key), Unbounded)).next().copied());
+                at = self.queued_after(&owner, key);
             }
         }
     }

@@ -15,7 +15,7 @@ fn direct_config() -> MillConfig {
 }
 
 /// One engine `shell` with `capacity` seats, all free, as a snapshot reports it.
-fn seats(capacity: u32) -> BTreeMap<String, EngineStatus> {
+pub(super) fn seats(capacity: u32) -> BTreeMap<String, EngineStatus> {
     let mut m = engines(true, 0.0);
     if let Some(s) = m.get_mut("shell") {
         s.capacity = capacity;
@@ -24,7 +24,7 @@ fn seats(capacity: u32) -> BTreeMap<String, EngineStatus> {
 }
 
 /// The messages of the last step to `conn`, named, in order.
-fn kinds(h: &H, conn: ConnId) -> Vec<(&'static str, LeaseId, bool)> {
+pub(super) fn kinds(h: &H, conn: ConnId) -> Vec<(&'static str, LeaseId, bool)> {
     h.sent(conn)
         .into_iter()
         .filter_map(|m| match m {

@@ -2,6 +2,7 @@
 //! direct ask the executor holds for its next free seat, E16), and withdrawn when a seat
 //! elsewhere frees first or a job that goes before it (M33) arrives.
 
+use super::direct::{kinds, seats};
 use super::*;
 use crate::mill::store::AttemptOutcome;
 
@@ -11,28 +12,6 @@ fn staging_config() -> MillConfig {
         late_binding: true,
         ..config()
     }
-}
-
-/// One engine `shell` with `capacity` seats, all free, as a snapshot reports it.
-fn seats(capacity: u32) -> BTreeMap<String, EngineStatus> {
-    let mut m = engines(true, 0.0);
-    if let Some(s) = m.get_mut("shell") {
-        s.capacity = capacity;
-    }
-    m
-}
-
-/// The messages of the last step to `conn`, named, in order.
-fn kinds(h: &H, conn: ConnId) -> Vec<(&'static str, LeaseId, bool)> {
-    h.sent(conn)
-        .into_iter()
-        .filter_map(|m| match m {
-            ToExecutor::ReserveSeat { lease, direct, .. } => Some(("reserve", lease, direct)),
-            ToExecutor::CommitLease { lease, .. } => Some(("commit", lease, false)),
-            ToExecutor::ReleaseLease { term: _, lease } => Some(("release", lease, false)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A node `name` with one seat, holding a running job; returns its connection, the job and
