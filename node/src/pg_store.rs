@@ -150,6 +150,15 @@ const MIGRATE_LOCK: i64 = 0x4d52_4d49;
 /// How long connecting may take unless the URL says (`connect_timeout=`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// I13, §10: how long a session may sit idle inside a transaction before PostgreSQL ends it
+/// (`idle_in_transaction_session_timeout`, unless the URL sets `options`). A mill paused in
+/// the middle of a group commit (SIGSTOP, a stalled VM) holds the share lock its term check
+/// took on the leader row, and a standby's campaign waits for that lock: without a bound, a
+/// paused leader blocked the takeover until it resumed (node/tests/failover.rs, i13 SIGSTOP,
+/// under CI load). The mill's own statements follow each other at once, so only a paused or
+/// cut-off client is ever this idle; its commit then fails and it steps down.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// A connected, schema-checked client and what to call its database.
 struct Conn {
     client: Client,
@@ -194,6 +203,12 @@ fn connect(url: &PgUrl, migrate: bool) -> Result<Conn, StoreError> {
     }
     if config.get_application_name().is_none() {
         config.application_name("millrace");
+    }
+    if config.get_options().is_none() {
+        config.options(&format!(
+            "-c idle_in_transaction_session_timeout={}",
+            IDLE_IN_TRANSACTION.as_millis()
+        ));
     }
     let target = target_of(&config);
     let client = config.connect(NoTls).map_err(|e| {
@@ -1455,6 +1470,62 @@ mod tests {
         assert!(quarantined.contains(&millrace_core::NodeId::new("n10").unwrap()));
         let err = store_a.apply(&[insert(3)], 9).unwrap_err();
         assert!(matches!(err, StoreError::Deposed { .. }), "{err}");
+    }
+
+    /// I13, §10: a mill paused inside a write transaction (SIGSTOP between its term check
+    /// and its commit) holds the leader row's share lock; PostgreSQL ends its session once
+    /// it idles there for `IDLE_IN_TRANSACTION`, so a standby's campaign goes through
+    /// instead of waiting for the paused mill to resume, and the paused write never lands.
+    #[test]
+    fn i13_pg_a_writer_paused_inside_its_transaction_does_not_block_the_takeover() {
+        let Some(pg) = TestPg::start("i13_pg_a_writer_paused_inside_its_transaction") else {
+            return;
+        };
+        let u = url(&pg.url_of("postgres"));
+        let mut a = PgLeadership::connect(&u).unwrap();
+        let t1 = a
+            .campaign("a", "addr-a", "http-a", Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
+        let mut paused = connect(&u, false).unwrap();
+        let shown: String = paused
+            .client
+            .query_one("SHOW idle_in_transaction_session_timeout", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "5s");
+        let mut tx = paused.client.transaction().unwrap();
+        let term: i64 = tx
+            .query_one(
+                "SELECT term FROM millrace_leader WHERE id = 1 FOR SHARE",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(to_u64(term), t1);
+        // The lease ends while the writer sits paused holding the row.
+        assert!(a.renew("a", t1, Duration::ZERO).unwrap());
+        let u2 = u.clone();
+        let campaigner = std::thread::spawn(move || {
+            let mut b = PgLeadership::connect(&u2).unwrap();
+            b.campaign("b", "addr-b", "http-b", Duration::from_secs(60))
+        });
+        // A liveness guard, not a speed check: without the bound it waits forever.
+        let guard = std::time::Instant::now() + Duration::from_secs(120);
+        while !campaigner.is_finished() {
+            assert!(
+                std::time::Instant::now() < guard,
+                "the campaign never got the row"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let t2 = campaigner.join().unwrap().unwrap().unwrap();
+        assert!(t2 > t1);
+        // The paused writer resumes: its session is gone, so nothing it wrote lands.
+        let resumed = tx
+            .batch_execute("UPDATE counters SET next_job = next_job WHERE id = 1")
+            .and_then(|()| tx.commit());
+        assert!(resumed.is_err(), "the paused transaction survived");
     }
 
     fn store_b_load(u: &PgUrl, term: u64) -> std::collections::BTreeSet<millrace_core::NodeId> {
