@@ -38,6 +38,68 @@ fn read(path: &Path) -> Result<String, ClientError> {
     Ok(t.trim().to_string())
 }
 
+/// How long a resolved host name is reused before it is resolved again.
+const RESOLVED_FOR: Duration = Duration::from_secs(10);
+
+/// Names to addresses for the client (issue 15). ureq's own resolver, under a request
+/// timeout, starts a thread for every request to resolve the host, even an IP literal on a
+/// pooled keep-alive connection: on this VM that thread cost ~0.15 ms of every submit. An
+/// IP literal is its own answer here; a name is resolved by ureq's resolver (its timeout
+/// thread included) and kept for [`RESOLVED_FOR`], so a client issuing many requests (the
+/// CLI's `--wait` polls, `bench`, `demo`) resolves its server once in a while, not per
+/// request.
+#[derive(Debug, Default)]
+struct Resolver {
+    inner: ureq::unversioned::resolver::DefaultResolver,
+    /// The last name resolved: `host:port`, when, and its addresses.
+    last: std::sync::Mutex<
+        Option<(
+            String,
+            std::time::Instant,
+            ureq::unversioned::resolver::ResolvedSocketAddrs,
+        )>,
+    >,
+}
+
+impl ureq::unversioned::resolver::Resolver for Resolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let port = uri.port_u16().or_else(|| match uri.scheme_str() {
+            Some("http") => Some(80),
+            Some("https") => Some(443),
+            _ => None,
+        });
+        let (Some(host), Some(port)) = (uri.host(), port) else {
+            return self.inner.resolve(uri, config, timeout);
+        };
+        // `[::1]` arrives with its brackets.
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            let mut out = self.empty();
+            out.push(std::net::SocketAddr::new(ip, port));
+            return Ok(out);
+        }
+        let key = format!("{host}:{port}");
+        let now = std::time::Instant::now();
+        if let Ok(last) = self.last.lock() {
+            if let Some((k, at, addrs)) = last.as_ref() {
+                if *k == key && now.duration_since(*at) < RESOLVED_FOR {
+                    return Ok(addrs.clone());
+                }
+            }
+        }
+        let addrs = self.inner.resolve(uri, config, timeout)?;
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((key, now, addrs.clone()));
+        }
+        Ok(addrs)
+    }
+}
+
 /// A client for one server.
 pub struct Client {
     base: String,
@@ -106,12 +168,16 @@ impl Client {
 
     fn build(server: &str, token: &str, tls: Option<ureq::tls::TlsConfig>) -> Self {
         let tls = tls.unwrap_or_default();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
             .tls_config(tls)
-            .build()
-            .into();
+            .build();
+        let agent = ureq::Agent::with_parts(
+            config,
+            ureq::unversioned::transport::DefaultConnector::default(),
+            Resolver::default(),
+        );
         Client {
             base: server.trim_end_matches('/').to_string(),
             auth: format!("Bearer {token}"),
@@ -573,6 +639,49 @@ mod tests {
         assert_eq!(exit_code_for("timeout", None), EXIT_TIMEOUT);
         assert_eq!(exit_code_for("failed", None), EXIT_MILL);
         assert_eq!(exit_code_for("cancelled", None), EXIT_MILL);
+    }
+
+    /// Issue 15: an IP literal is resolved without ureq's per-request resolver thread. With a
+    /// spent time budget that thread could only time out, so an answer proves it never ran;
+    /// a name goes through ureq's resolver once and is then served from the cache.
+    #[test]
+    fn an_ip_literal_is_its_own_address_and_a_name_is_resolved_once() {
+        use ureq::unversioned::resolver::Resolver as _;
+        use ureq::unversioned::transport::time::Duration as UreqDuration;
+        use ureq::unversioned::transport::NextTimeout;
+        let r = Resolver::default();
+        let config = ureq::config::Config::default();
+        let spent = NextTimeout {
+            after: UreqDuration::Exact(Duration::ZERO),
+            ..NextTimeout::default()
+        };
+        for (url, want) in [
+            ("http://127.0.0.1:8080/v1/jobs", "127.0.0.1:8080"),
+            ("https://[::1]/v1/jobs", "[::1]:443"),
+            ("http://10.1.2.3/health", "10.1.2.3:80"),
+        ] {
+            let uri: ureq::http::Uri = url.parse().unwrap();
+            let got = r.resolve(&uri, &config, spent).expect(url);
+            let got: Vec<String> = got.iter().map(ToString::to_string).collect();
+            assert_eq!(got, vec![want.to_string()], "{url}");
+        }
+        assert!(r.last.lock().unwrap().is_none(), "literals are not cached");
+        let uri: ureq::http::Uri = "http://localhost:8080/".parse().unwrap();
+        let first = r
+            .resolve(&uri, &config, NextTimeout::default())
+            .expect("localhost resolves");
+        assert!(first
+            .iter()
+            .all(|a| a.ip().is_loopback() && a.port() == 8080));
+        let again = r
+            .resolve(&uri, &config, spent)
+            .expect("the second lookup is the cached one, no resolver thread");
+        assert_eq!(first.as_ref(), again.as_ref());
+        let other: ureq::http::Uri = "http://localhost:9090/".parse().unwrap();
+        assert!(
+            r.resolve(&other, &config, spent).is_err(),
+            "another port is another name: resolved anew, so the spent budget fails it"
+        );
     }
 
     #[test]
