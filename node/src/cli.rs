@@ -466,6 +466,12 @@ pub struct ExecTuning {
     /// cannot read the executor's data directory, its credential or its processes.
     #[arg(long, env = "MILLRACE_RUN_AS")]
     pub run_as: Option<String>,
+    /// Where each job's supervisor keeps its socket, pid file and own log (default: the data
+    /// directory). A tmpfs such as /run/millrace or /dev/shm/millrace spares the data disk
+    /// five files and a directory per job; an exit record no executor takes over is still
+    /// made durable in the data directory. Keep it the same across restarts while jobs run.
+    #[arg(long, env = "MILLRACE_RUNTIME_DIR", value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
     /// Live output forwarded to the mill per snapshot interval, across jobs; beyond it bytes
     /// are not forwarded and readers see them as a gap (E15). The job's log on this executor
     /// is whole either way. 0 turns live output off.
@@ -692,6 +698,10 @@ pub struct DemoArgs {
     /// sleeps 0–90 ms); `true` measures what millrace itself costs per job.
     #[arg(long)]
     pub command: Option<String>,
+    /// The executors' `--runtime-dir`: `auto` (a fresh directory on /dev/shm when it is
+    /// there, else none), `none` (supervisors' files in the data directory), or a path.
+    #[arg(long, default_value = "auto", value_name = "auto|none|DIR")]
+    pub runtime_dir: String,
 }
 
 /// Where the API is and how to authenticate.

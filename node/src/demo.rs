@@ -12,6 +12,21 @@ use crate::clock::Clock;
 use crate::mill_driver::JobEventKind;
 use crate::node::{self, ExecOptions, MillOptions};
 
+/// The executors' runtime directory: one the demo made (and removes), or the user's.
+enum Runtime {
+    Temp(tempfile::TempDir),
+    Given(std::path::PathBuf),
+}
+
+impl Runtime {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Runtime::Temp(t) => t.path(),
+            Runtime::Given(p) => p,
+        }
+    }
+}
+
 /// Runs the demo; returns whether every job succeeded.
 pub async fn demo(args: DemoArgs) -> Result<bool, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
@@ -23,6 +38,20 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
         reconnect_grace: Duration::from_secs(45),
         silence_timeout: Duration::from_secs(15),
         snapshot_interval: Duration::from_secs(5),
+    };
+    // Removed when the demo ends, like `dir`.
+    let runtime = match args.runtime_dir.as_str() {
+        "none" => None,
+        "auto" => std::path::Path::new("/dev/shm")
+            .is_dir()
+            .then(|| {
+                tempfile::Builder::new()
+                    .prefix("millrace-demo-")
+                    .tempdir_in("/dev/shm")
+            })
+            .and_then(Result::ok)
+            .map(Runtime::Temp),
+        path => Some(Runtime::Given(std::path::PathBuf::from(path))),
     };
     let clock = Clock::start();
     let mill = node::start_mill(
@@ -75,6 +104,7 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
                     run_as: None,
                     live_log_budget: millrace_core::executor::DEFAULT_LIVE_LOG_BUDGET,
                     resources: None,
+                    runtime_dir: runtime.as_ref().map(|r| r.path().join(format!("demo-{i}"))),
                 },
                 tls: None,
             },
@@ -85,12 +115,15 @@ pub async fn demo(args: DemoArgs) -> Result<bool, String> {
         executors.push(e);
     }
     println!(
-        "millrace demo: mill on http://{} with {} executors x {} seats, {} shell jobs (store in {})",
+        "millrace demo: mill on http://{} with {} executors x {} seats, {} shell jobs (store in {}, supervisors in {})",
         mill.http_addr,
         executors.len(),
         args.seats,
         args.jobs,
-        dir.path().display()
+        dir.path().display(),
+        runtime
+            .as_ref()
+            .map_or_else(|| "the data directory".to_string(), |r| r.path().display().to_string())
     );
     let mut sub = mill.events.subscribe();
     let bar = indicatif::ProgressBar::new(args.jobs as u64);

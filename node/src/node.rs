@@ -958,7 +958,16 @@ pub fn start_executor(
         );
     }
     let known: std::collections::BTreeSet<_> = snapshot.jobs.keys().copied().collect();
-    Engine::sweep_foreign(&opts.data, snapshot.epoch, &known, opts.tuning.stop_grace);
+    let runtime_dir = opts.tuning.runtime_dir.as_deref();
+    #[cfg(not(madsim))]
+    crate::shell::check_runtime_dir(&opts.data, runtime_dir).map_err(NodeError::Config)?;
+    Engine::sweep_foreign(
+        &opts.data,
+        runtime_dir,
+        snapshot.epoch,
+        &known,
+        opts.tuning.stop_grace,
+    );
     let mut config = ExecutorConfig::new(node_id.clone(), opts.token.clone());
     config.mills = mill_addrs.clone();
     config.labels = opts
@@ -1032,6 +1041,7 @@ pub fn start_executor(
             stop_grace: opts.tuning.stop_grace,
             hard_cap: opts.tuning.job_hard_cap,
             run_as,
+            runtime: opts.tuning.runtime_dir.clone(),
         },
         tx.clone(),
         runtime.clone(),

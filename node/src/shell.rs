@@ -5,6 +5,14 @@
 //! `JobLog`, passes stops on, and reports each job's end from the exit record its supervisor
 //! wrote durably in `jobs/<lease>/exit.json`. Logs are `logs/<lease>.log` (hashed, M25).
 //!
+//! With `--runtime-dir` (issue 15) a supervisor's directory (socket, pid file, its own log,
+//! the record it hands to an attached executor) is `RUNTIME/jobs/<lease>`, typically on
+//! tmpfs: per job that is five files and a directory fewer created and deleted on the data
+//! disk. A record no executor takes over is still made durable on the data disk, in
+//! `DATA/jobs/<lease>/exit.json`, so a job that ended while its executor was away reports
+//! its real status even after a reboot emptied the runtime directory. Supervisors do not
+//! survive a reboot, so nothing else in the runtime directory needs to.
+//!
 //! A job directory is removed only after the driver has persisted the job's terminal
 //! (`collected`), so a crash in between finds the exit record again and reports the same
 //! end (exactly once through the outbox, E5).
@@ -50,6 +58,85 @@ pub struct EngineSettings {
     pub hard_cap: Option<Duration>,
     /// The user jobs run as (`--run-as`).
     pub run_as: Option<supervisor::RunAs>,
+    /// `--runtime-dir`: where supervisors' directories go instead of the data directory.
+    pub runtime: Option<PathBuf>,
+}
+
+impl EngineSettings {
+    /// The directory supervisors' directories are made in.
+    fn supervisors(&self) -> PathBuf {
+        self.runtime.as_deref().unwrap_or(&self.data).join("jobs")
+    }
+
+    /// A job's supervisor directory, and the durable home of its exit record when that
+    /// directory is a runtime one.
+    fn job_dirs(&self, lease: LeaseId) -> (PathBuf, Option<PathBuf>) {
+        let name = lease.get().to_string();
+        let dir = self.supervisors().join(&name);
+        let durable = self
+            .runtime
+            .is_some()
+            .then(|| self.data.join("jobs").join(&name));
+        (dir, durable)
+    }
+}
+
+/// The file in the data directory naming the runtime directory the last process used.
+const RUNTIME_MARK: &str = "runtime-dir";
+
+/// Checks `--runtime-dir` against what the previous process of this data directory used
+/// (issue 15), then records it. Supervisors of the previous process are found only where
+/// it put them: a change while one may still run (a directory with its pid file) is refused
+/// with both paths named, so no running job is taken for lost and run again elsewhere (I1).
+pub fn check_runtime_dir(data: &Path, runtime: Option<&Path>) -> Result<(), String> {
+    let mark = data.join(RUNTIME_MARK);
+    // Compared as the directories they are (`/run/x/` and `/run/x` are one).
+    let runtime = match runtime {
+        Some(r) => std::fs::create_dir_all(r.join("jobs"))
+            .and_then(|()| r.canonicalize())
+            .map(Some)
+            .map_err(|e| format!("--runtime-dir {}: {e}", r.display()))?,
+        None => None,
+    };
+    let runtime = runtime.as_deref();
+    let previous = match std::fs::read(&mark) {
+        Ok(bytes) => Some(PathBuf::from(
+            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(bytes),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{}: {e}", mark.display())),
+    };
+    let previous = previous.map(|p| p.canonicalize().unwrap_or(p));
+    if previous.as_deref() != runtime {
+        let old = previous.as_deref().unwrap_or(data).join("jobs");
+        let live = std::fs::read_dir(&old)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.path().join("supervisor.pid").exists());
+        if let Some(entry) = live {
+            let shown = |p: Option<&Path>| match p {
+                Some(p) => p.display().to_string(),
+                None => "(none: the data directory)".to_string(),
+            };
+            return Err(format!(
+                "--runtime-dir {}: the previous executor process kept its supervisors in {} and {} may still run; start with --runtime-dir {} until its jobs are done",
+                shown(runtime),
+                old.display(),
+                entry.path().display(),
+                shown(previous.as_deref()),
+            ));
+        }
+    }
+    match runtime {
+        Some(r) => std::fs::write(&mark, std::os::unix::ffi::OsStrExt::as_bytes(r.as_os_str()))
+            .map_err(|e| format!("{}: {e}", mark.display())),
+        None => match std::fs::remove_file(&mark) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("{}: {e}", mark.display())),
+        },
+    }
 }
 
 /// Runs shell jobs for one executor, through their supervisors. Owned by the executor driver.
@@ -144,6 +231,7 @@ impl ShellEngine {
         for sub in ["logs", "work", "jobs"] {
             std::fs::create_dir_all(settings.data.join(sub))?;
         }
+        std::fs::create_dir_all(settings.supervisors())?;
         let grace_ms = millis(settings.reconnect_grace);
         Ok(ShellEngine {
             settings,
@@ -154,10 +242,6 @@ impl ShellEngine {
             contact: tokio::sync::watch::Sender::new((0, grace_ms)),
             program: SupervisorProgram::find(),
         })
-    }
-
-    fn job_dir(data: &Path, lease: LeaseId) -> PathBuf {
-        data.join("jobs").join(lease.get().to_string())
     }
 
     /// Starts a committed job (`StartJob`) under a new supervisor. Reports `JobStarted`,
@@ -190,13 +274,14 @@ impl ShellEngine {
             job: job.get(),
             payload: spec.payload,
             env,
-            dir: Self::job_dir(&s.data, lease),
+            dir: s.job_dirs(lease).0,
             workdir,
             log: s.data.join(LogRef::path_for(lease)),
             reconnect_grace_ms: millis(s.reconnect_grace),
             stop_grace_ms: millis(s.stop_grace),
             hard_cap_ms: s.hard_cap.map(millis),
             run_as: s.run_as.clone(),
+            durable: s.job_dirs(lease).1,
         };
         // Launched here, in the driver's step that acted on `StartJob`, so that a graceful
         // shutdown right after it leaves a supervisor for the next process to adopt.
@@ -216,10 +301,12 @@ impl ShellEngine {
         self.running.insert(lease, stop_tx);
         let (collected_tx, collected_rx) = tokio::sync::oneshot::channel();
         self.collecting.insert(lease, collected_tx);
+        let (dir, durable) = self.settings.job_dirs(lease);
         let ctx = Ctx {
             lease,
             settings: self.settings.clone(),
-            dir: Self::job_dir(&self.settings.data, lease),
+            dir,
+            durable,
             tx: self.tx.clone(),
             contact: self.contact.subscribe(),
         };
@@ -269,8 +356,12 @@ impl ShellEngine {
         if let Some(collected) = self.collecting.remove(&lease) {
             let _ = collected.send(());
         }
+        let (dir, durable) = self.settings.job_dirs(lease);
+        let _ = std::fs::remove_dir_all(dir);
+        if let Some(durable) = durable {
+            let _ = std::fs::remove_dir_all(durable);
+        }
         let data = &self.settings.data;
-        let _ = std::fs::remove_dir_all(Self::job_dir(data, lease));
         let _ = std::fs::remove_dir_all(data.join("work").join(lease.get().to_string()));
     }
 
@@ -292,17 +383,19 @@ impl ShellEngine {
     /// directory, or a terminal was persisted before the directory went): each still alive
     /// is told this executor's epoch and asked to stop its job now; directories with no live
     /// supervisor are removed. Also kills what a pre-supervisor executor left (`work/*.pgid`).
+    /// With a runtime directory, its `jobs/` is swept first, then the data directory's
+    /// (durable exit records, which no supervisor listens beside).
     pub fn sweep_foreign(
         data: &Path,
+        runtime: Option<&Path>,
         epoch: Epoch,
         known: &BTreeSet<LeaseId>,
         stop_grace: Duration,
     ) {
         legacy::reap_previous(data);
-        let Ok(entries) = std::fs::read_dir(data.join("jobs")) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        let bases = runtime.into_iter().chain([data]).map(|b| b.join("jobs"));
+        let entries = bases.flat_map(|b| std::fs::read_dir(b).into_iter().flatten().flatten());
+        for entry in entries {
             let Some(lease) = entry
                 .file_name()
                 .to_str()
@@ -374,12 +467,21 @@ fn stop_foreign(dir: &Path, epoch: Epoch, lease: LeaseId, grace: Duration) -> st
 struct Ctx {
     lease: LeaseId,
     settings: EngineSettings,
+    /// The supervisor's directory.
     dir: PathBuf,
+    /// Where its exit record is made durable, if not in `dir` (`--runtime-dir`).
+    durable: Option<PathBuf>,
     tx: mpsc::Sender<ExecCmd>,
     contact: tokio::sync::watch::Receiver<(u64, u64)>,
 }
 
 impl Ctx {
+    /// The job's exit record: the one handed over in the supervisor's directory, else the
+    /// durable one.
+    fn record(&self) -> Option<ExitRecord> {
+        read_record(&self.dir, self.durable.as_deref())
+    }
+
     async fn report(&self, input: ExecutorInput) {
         let _ = self.tx.send(ExecCmd::Input(input)).await;
     }
@@ -405,7 +507,7 @@ async fn attend(
     if let Mode::Start(Err(e)) = mode {
         tracing::warn!(%lease, error = %e, "job could not start");
         // The supervisor may have recorded why; if not, say what we know.
-        let input = match supervisor::read_exit(&ctx.dir) {
+        let input = match ctx.record() {
             Some(rec) => exited(lease, &rec, &ctx.settings),
             None => ExecutorInput::JobExited {
                 lease,
@@ -427,7 +529,7 @@ async fn attend(
         }
         Err(e) => (Ended::Closed(e), None),
     };
-    let input = match (supervisor::read_exit(&ctx.dir), &ended) {
+    let input = match (ctx.record(), &ended) {
         (Some(rec), _) => exited(lease, &rec, &ctx.settings),
         (None, Ended::Exited) => ExecutorInput::JobExited {
             lease,
@@ -475,6 +577,9 @@ fn launch_supervisor(program: &Path, launch: &Launch) -> Result<(), String> {
     let dir = &launch.dir;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let _ = std::fs::remove_file(supervisor::exit_path(dir));
+    if let Some(durable) = &launch.durable {
+        let _ = std::fs::remove_file(supervisor::exit_path(durable));
+    }
     let errlog = dir.join("supervisor.log");
     let err = std::fs::File::create(&errlog).map_err(|e| format!("{}: {e}", errlog.display()))?;
     let bytes = postcard::to_allocvec(launch).map_err(|e| format!("launch: {e}"))?;
@@ -535,9 +640,14 @@ fn supervisor_alive(dir: &Path) -> bool {
                 .any(|a| a == supervisor::SUBCOMMAND.as_bytes()))
 }
 
+/// The exit record in `dir`, else the one in `durable`.
+fn read_record(dir: &Path, durable: Option<&Path>) -> Option<ExitRecord> {
+    supervisor::read_exit(dir).or_else(|| durable.and_then(supervisor::read_exit))
+}
+
 /// Connects to the job's supervisor, waiting while it is still starting up (alive, no
 /// socket yet, no exit record), up to `LAUNCH_TIMEOUT`.
-async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
+async fn connect(dir: &Path, durable: Option<&Path>) -> Result<tokio::net::UnixStream, String> {
     let sock = supervisor::socket_path(dir);
     let deadline = tokio::time::Instant::now() + LAUNCH_TIMEOUT;
     // A supervisor listens a few milliseconds after its spawn: poll often at first, then
@@ -548,7 +658,7 @@ async fn connect(dir: &Path) -> Result<tokio::net::UnixStream, String> {
             Ok(s) => return Ok(s),
             Err(e) => format!("connect {}: {e}", sock.display()),
         };
-        if supervisor::read_exit(dir).is_some() {
+        if read_record(dir, durable).is_some() {
             return Err("the supervisor has exited".to_string());
         }
         if !supervisor_alive(dir) {
@@ -576,7 +686,7 @@ type Writer = tokio::io::WriteHalf<tokio::net::UnixStream>;
 
 /// Connects to the job's supervisor and greets it; its job's pid.
 async fn attach(ctx: &Ctx) -> Result<(Reader, Writer, i32), String> {
-    let stream = connect(&ctx.dir).await?;
+    let stream = connect(&ctx.dir, ctx.durable.as_deref()).await?;
     let go = async {
         #[cfg(not(madsim))]
         let (mut reader, mut writer) = stream.into_split();
@@ -851,6 +961,7 @@ mod tests {
         });
         ShellEngine::sweep_foreign(
             data.path(),
+            None,
             Epoch(9),
             &BTreeSet::new(),
             Duration::from_secs(1),
@@ -858,6 +969,35 @@ mod tests {
         server.join().unwrap();
         assert!(live.exists(), "a live supervisor's directory stays");
         assert!(!dead.exists(), "a directory with no supervisor goes");
+    }
+
+    /// Issue 15, I1: `--runtime-dir` may change only while no supervisor of the previous
+    /// process may run in the old place; the same directory spelt differently is no change.
+    #[test]
+    fn e14_runtime_dir_changes_only_with_no_supervisor_left_in_the_old_place() {
+        let data = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let d = data.path();
+        check_runtime_dir(d, None).unwrap();
+        check_runtime_dir(d, Some(run.path())).unwrap();
+        assert!(run.path().join("jobs").is_dir());
+        let live = run.path().join("jobs").join("7");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::write(live.join("supervisor.pid"), "1").unwrap();
+        let slash = PathBuf::from(format!("{}/", run.path().display()));
+        check_runtime_dir(d, Some(&slash)).expect("the same directory");
+        let e = check_runtime_dir(d, None).unwrap_err();
+        assert!(e.contains(&run.path().display().to_string()), "{e}");
+        let other = tempfile::tempdir().unwrap();
+        assert!(check_runtime_dir(d, Some(other.path())).is_err());
+        // Once the old place holds no supervisor, the change goes through, both ways.
+        std::fs::remove_file(live.join("supervisor.pid")).unwrap();
+        check_runtime_dir(d, None).unwrap();
+        let back = d.join("jobs").join("8");
+        std::fs::create_dir_all(&back).unwrap();
+        std::fs::write(back.join("supervisor.pid"), "1").unwrap();
+        let e = check_runtime_dir(d, Some(run.path())).unwrap_err();
+        assert!(e.contains("the data directory"), "{e}");
     }
 
     #[test]
@@ -882,6 +1022,7 @@ mod tests {
             stop_grace: Duration::from_secs(10),
             hard_cap: None,
             run_as: None,
+            runtime: None,
         }
     }
 

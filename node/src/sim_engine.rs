@@ -284,6 +284,7 @@ impl SimEngine {
     /// At start: "supervisors" whose lease the store does not hold stop (a wiped store).
     pub fn sweep_foreign(
         data: &Path,
+        _runtime: Option<&Path>,
         _epoch: Epoch,
         known: &BTreeSet<LeaseId>,
         _stop_grace: Duration,

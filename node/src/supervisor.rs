@@ -42,7 +42,8 @@ use sha2::{Digest, Sha256};
 /// The supervisor protocol's version; an executor and a supervisor of different versions
 /// refuse each other (the job is then treated as lost).
 /// 5: `Output` says where its bytes start in the job's log (E15).
-pub const PROTOCOL: u32 = 5;
+/// 6: `Launch::durable`, the record's durable home when `dir` is a runtime directory.
+pub const PROTOCOL: u32 = 6;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
 /// The supervisor's own binary, installed next to `millrace` (issue 15 target 3).
@@ -87,7 +88,8 @@ pub struct Launch {
     pub payload: Vec<u8>,
     /// The job's environment on top of the supervisor's (ids, secrets).
     pub env: Vec<(String, String)>,
-    /// The supervisor's directory: socket, exit record.
+    /// The supervisor's directory: socket, pid file, its own log, the exit record handed to
+    /// an attached executor. On the data disk, or in the executor's `--runtime-dir` (tmpfs).
     pub dir: PathBuf,
     /// The job's working directory.
     pub workdir: PathBuf,
@@ -102,6 +104,18 @@ pub struct Launch {
     /// The user the job runs as (`--run-as`); `None`: the supervisor's own.
     #[serde(default)]
     pub run_as: Option<RunAs>,
+    /// Where the exit record is made durable when no executor takes it over, if `dir` is not
+    /// durable storage (`--runtime-dir`, issue 15): a directory on the data disk, created
+    /// only then. `None`: `dir` itself.
+    #[serde(default)]
+    pub durable: Option<PathBuf>,
+}
+
+impl Launch {
+    /// Where an exit record nobody takes over is made durable.
+    pub fn durable_dir(&self) -> &Path {
+        self.durable.as_deref().unwrap_or(&self.dir)
+    }
 }
 
 /// An unprivileged user jobs run as (`--run-as`), resolved once at the executor's start.
@@ -426,7 +440,7 @@ impl Supervisor {
         let listener = match bind(&socket_path(&dir)) {
             Ok(l) => l,
             Err(e) => {
-                not_started(&dir, &e)?;
+                not_started(&launch, &e)?;
                 return Err(e);
             }
         };
@@ -457,7 +471,7 @@ impl Supervisor {
                 "no executor attached within {:?}; the job was not started",
                 sup.grace()
             );
-            not_started(&dir, &why)?;
+            not_started(&sup.launch, &why)?;
             return Err(why);
         }
         match spawn_job(&sup.launch, sup.tx.clone()) {
@@ -469,7 +483,7 @@ impl Supervisor {
                 std::thread::spawn(move || reap(pid, &tx));
             }
             Err(e) => {
-                not_started(&dir, &e)?;
+                not_started(&sup.launch, &e)?;
                 sup.forward(FromSupervisor::Exited);
                 return Err(format!("the job could not start: {e}"));
             }
@@ -741,8 +755,12 @@ impl Supervisor {
         // and says `Collected`. Only when nobody takes it over does the record cost the
         // supervisor its own fsyncs.
         let handed_over = self.attached.is_some();
-        write_exit(&self.launch.dir, &record, !handed_over)
-            .map_err(|e| format!("exit record: {e}"))?;
+        if handed_over {
+            write_exit(&self.launch.dir, &record, false)
+        } else {
+            write_durable(&self.launch, &record)
+        }
+        .map_err(|e| format!("exit record: {e}"))?;
         self.forward(FromSupervisor::Exited);
         // After `Exited`, so that the executor frees the seat without waiting for the
         // killed processes to be reaped out of the cgroup.
@@ -750,7 +768,13 @@ impl Supervisor {
             cgroup::remove(cg);
         }
         if handed_over && !self.await_collection(rx) {
-            sync_exit(&self.launch.dir).map_err(|e| format!("exit record: {e}"))?;
+            match self.launch.durable {
+                // The handed-over copy is in the runtime directory: write it again where
+                // it survives a reboot.
+                Some(_) => write_durable(&self.launch, &record),
+                None => sync_exit(&self.launch.dir),
+            }
+            .map_err(|e| format!("exit record: {e}"))?;
         }
         drop(self.tx);
         Ok(())
@@ -783,8 +807,17 @@ impl Supervisor {
     }
 }
 
+/// Writes `record` durably in the launch's durable directory (made if missing).
+fn write_durable(launch: &Launch, record: &ExitRecord) -> std::io::Result<()> {
+    let dir = launch.durable_dir();
+    if launch.durable.is_some() {
+        std::fs::create_dir_all(dir)?;
+    }
+    write_exit(dir, record, true)
+}
+
 /// Records that the job never started, and why.
-fn not_started(dir: &Path, why: &str) -> Result<(), String> {
+fn not_started(launch: &Launch, why: &str) -> Result<(), String> {
     let record = ExitRecord {
         code: None,
         signal: None,
@@ -792,7 +825,7 @@ fn not_started(dir: &Path, why: &str) -> Result<(), String> {
         spawn_error: Some(why.to_string()),
         log_sha256: None,
     };
-    write_exit(dir, &record, true).map_err(|e| format!("exit record: {e}"))
+    write_durable(launch, &record).map_err(|e| format!("exit record: {e}"))
 }
 
 fn send(s: &mut UnixStream, msg: &FromSupervisor) -> Result<(), String> {
@@ -1287,6 +1320,7 @@ mod tests {
             stop_grace_ms: 1_000,
             hard_cap_ms: None,
             run_as: None,
+            durable: None,
         };
         Supervisor {
             launch,
@@ -1321,6 +1355,43 @@ mod tests {
         assert_eq!(rec.code, Some(0));
         // The pump's hash, not a re-read of the (absent) log after a timeout.
         assert_eq!(rec.log_sha256.as_deref(), Some("feed"));
+    }
+
+    /// E14 with `--runtime-dir` (issue 15): the record handed to an attached executor stays
+    /// in the runtime directory; one nobody takes over (no executor, or one that went away
+    /// before `Collected`) is written durably on the data disk, where an executor finds it
+    /// after a reboot emptied the runtime directory.
+    #[test]
+    fn e14_with_a_runtime_dir_a_record_nobody_takes_over_is_made_durable_on_the_data_disk() {
+        let status = WaitStatus::Exited(Pid::from_raw(1), 3);
+        // No executor attached at the end.
+        let (runtime, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let durable = data.path().join("jobs").join("1");
+        let (tx, rx) = mpsc::channel();
+        let mut sup = test_supervisor(runtime.path(), 1_000, tx.clone(), None);
+        sup.launch.durable = Some(durable.clone());
+        tx.send(Ev::OutputEnd(Ok("feed".into()))).unwrap();
+        sup.record_end(&rx, status).unwrap();
+        assert_eq!(
+            read_exit(runtime.path()),
+            None,
+            "not in the runtime directory"
+        );
+        assert_eq!(read_exit(&durable).and_then(|r| r.code), Some(3));
+        assert!(!durable.join("exit.json.tmp").exists());
+        // An executor attached, which goes away before `Collected`: the handed-over copy in
+        // the runtime directory, and the durable one.
+        let (runtime, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let durable = data.path().join("jobs").join("1");
+        let (tx, rx) = mpsc::channel();
+        let mut sup = test_supervisor(runtime.path(), 1_000, tx.clone(), None);
+        sup.launch.durable = Some(durable.clone());
+        sup.attached = Some((5, test_stream()));
+        sup.detached_since = None;
+        tx.send(Ev::OutputEnd(Ok("feed".into()))).unwrap();
+        sup.record_end(&rx, status).unwrap();
+        assert_eq!(read_exit(runtime.path()).and_then(|r| r.code), Some(3));
+        assert_eq!(read_exit(&durable).and_then(|r| r.code), Some(3));
     }
 
     /// E14 with E12 (tight seed 6000161 in the simulator): a supervisor left without an

@@ -383,3 +383,137 @@ fn e9_i1_rolling_executor_restarts_during_fifty_jobs_fail_none_and_double_none()
         "rolling restarts: {restarts} restarts, {adopted} adoptions, 50 jobs, 0 failed, 0 doubled"
     );
 }
+
+/// A runtime directory for `--runtime-dir` (issue 15): on tmpfs where there is one, so the
+/// test runs the layout users are told to use.
+fn runtime_dir(root: &Path) -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm } else { root };
+    tempfile::Builder::new()
+        .prefix("millrace-test-run-")
+        .tempdir_in(base)
+        .unwrap()
+}
+
+/// A runtime directory, a mill, executor flags naming that directory, and executor `x1` on
+/// them, ready.
+fn runtime_setup(root: &Path) -> (tempfile::TempDir, Mill, Vec<String>, Proc) {
+    let run = runtime_dir(root);
+    let mill = start_mill(root, "10s");
+    let mut flags = timing("10s", "1s");
+    flags.extend(strings(&["--runtime-dir", run.path().to_str().unwrap()]));
+    let tok = mill.data.join("token");
+    let x = start_executor(root, &mill.addrs.executor, "x1", 2, &tok, &flags);
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
+    (run, mill, flags, x)
+}
+
+/// The one supervisor directory under `dir/jobs`.
+fn only_job_dir(dir: &Path) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir.join("jobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// E9/E14 with `--runtime-dir` (issue 15): the supervisor's socket and pid file live in the
+/// runtime directory, none of them on the data disk. A job that ends while its executor is
+/// down has its record made durable on the data disk; a "reboot" that empties the runtime
+/// directory loses nothing: the restarted executor reports the job's real status.
+#[test]
+fn e14_runtime_dir_a_job_that_ended_while_its_executor_was_down_survives_a_reboot() {
+    let root = tempfile::tempdir().unwrap();
+    let (run, mill, flags, mut x) = runtime_setup(root.path());
+    let tok = mill.data.join("token");
+    let gate = root.path().join("gate");
+    let started = root.path().join("started");
+    let runs = root.path().join("runs");
+    let id = mill.api.submit(&json!({
+        "command": format!(
+            "echo run >> {r}; touch {s}; while [ ! -e {g} ]; do sleep 0.05; done; echo bye; exit 3",
+            r = runs.display(),
+            s = started.display(),
+            g = gate.display()
+        ),
+    }));
+    wait_for("the job to start", || started.exists().then_some(()));
+    let sup_dir = only_job_dir(run.path());
+    assert!(sup_dir.join("sock").exists() && sup_dir.join("supervisor.pid").exists());
+    let lease = sup_dir.file_name().unwrap().to_owned();
+    let on_disk = root.path().join("x1").join("jobs").join(&lease);
+    assert!(
+        !on_disk.exists(),
+        "nothing of a running job's supervisor on the data disk"
+    );
+    let sup_pid = read_pid(&sup_dir.join("supervisor.pid")).unwrap();
+    x.kill9();
+    std::fs::write(&gate, b"").unwrap();
+    wait_for("the durable exit record on the data disk", || {
+        on_disk.join("exit.json").exists().then_some(())
+    });
+    wait_for("the supervisor to exit", || {
+        (!pid_alive(sup_pid)).then_some(())
+    });
+    // The reboot: tmpfs comes back empty.
+    std::fs::remove_dir_all(run.path().join("jobs")).unwrap();
+    let x = start_executor(root.path(), &mill.addrs.executor, "x1", 2, &tok, &flags);
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["exit_code"], 3, "{v}\nexecutor:\n{}", x.logs());
+    assert_eq!(v["error"], "exit status 3", "{v}");
+    assert_eq!(lines(&runs), 1, "ran once");
+    wait_for(
+        "the durable record to go once the terminal is stored",
+        || (!on_disk.exists()).then_some(()),
+    );
+}
+
+/// E9/E14/I1 with `--runtime-dir` (issue 15): an executor restarted with another runtime
+/// directory than the one its running supervisors are in would not find them, take the
+/// job for lost and have it run again: it refuses to start and names both directories.
+/// Restarted with the right one, it adopts the job, which completes once.
+#[test]
+fn e14_runtime_dir_a_change_while_a_supervisor_runs_is_refused_and_the_job_runs_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (run, mill, flags, mut x) = runtime_setup(root.path());
+    let tok = mill.data.join("token");
+    let gate = root.path().join("gate");
+    let starts = root.path().join("starts");
+    let ends = root.path().join("ends");
+    let id = mill.api.submit(&json!({
+        "command": format!(
+            "echo run >> {s}; while [ ! -e {g} ]; do sleep 0.05; done; echo run >> {e}",
+            s = starts.display(), g = gate.display(), e = ends.display()
+        ),
+    }));
+    wait_for("the job to start", || (lines(&starts) == 1).then_some(()));
+    x.kill9();
+    // Without the flag: refused, naming the setting and both places.
+    let mut wrong = start_executor(
+        root.path(),
+        &mill.addrs.executor,
+        "x1",
+        2,
+        &tok,
+        &timing("10s", "1s"),
+    );
+    let status = wrong.wait_exit();
+    assert!(!status.success(), "{status:?}");
+    let logs = wrong.logs();
+    assert!(
+        logs.contains("--runtime-dir") && logs.contains(run.path().to_str().unwrap()),
+        "{logs}"
+    );
+    let x = start_executor(root.path(), &mill.addrs.executor, "x1", 2, &tok, &flags);
+    wait_for("the restarted executor", || {
+        mill.api.ready("x1").then_some(())
+    });
+    std::fs::write(&gate, b"").unwrap();
+    let v = mill.api.wait_done(id);
+    assert_eq!(v["state"], "success", "{v}\nexecutor:\n{}", x.logs());
+    assert_eq!(lines(&starts), 1, "started once");
+    assert_eq!(lines(&ends), 1, "completed once");
+}
