@@ -2,7 +2,7 @@
 //! (`millrace_core`): TCP transport, SQLite stores, the shell engine, the HTTP API and the
 //! CLI. The shell only routes (STYLE habit 10): one driver thread per state machine feeds
 //! inputs, group-commits its `Persist` outputs, then acts on the rest in order.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 // Under madsim (issue 16) `spawn_blocking` runs its closure as a task of the simulated node:
 // the store reads it carries are short and deterministic there.
@@ -75,6 +75,12 @@ fn main() -> ExitCode {
         .nth(1)
         .is_some_and(|a| a == supervisor::SUBCOMMAND)
     {
+        if std::env::args_os()
+            .nth(2)
+            .is_some_and(|a| a == supervisor::ZYGOTE)
+        {
+            return supervisor::zygote_main();
+        }
         return supervisor::main();
     }
     let cli = Cli::parse();

@@ -155,6 +155,8 @@ pub struct ShellEngine {
     contact: tokio::sync::watch::Sender<(u64, u64)>,
     /// What each supervisor runs as.
     program: SupervisorProgram,
+    /// The zygote that forks supervisors, once started (dropped when it fails).
+    zygote: Option<Zygote>,
 }
 
 /// The binary every job's supervisor runs (E14): `millrace-supervise` when it lies next to
@@ -168,6 +170,102 @@ struct SupervisorProgram {
     _file: Option<std::fs::File>,
     /// What to `exec`.
     path: PathBuf,
+    /// It can run as a zygote (`supervise --zygote`): the small binary, which starts fast
+    /// and has nothing else in its memory to copy into every child.
+    forks: bool,
+}
+
+/// How long a zygote may take to answer one launch.
+const ZYGOTE_ANSWER: Duration = Duration::from_secs(5);
+/// The largest launch handed to the zygote: it fits the pipe (64 KiB on Linux), which is
+/// empty at every launch (the zygote read the last one whole before answering it), so the
+/// write never blocks, even on a zygote that hangs. A larger launch (a big environment or
+/// many secrets) has its supervisor exec'd, with the launch on its stdin as before.
+const ZYGOTE_MAX_LAUNCH: usize = 60 * 1024;
+
+/// The executor's supervisor zygote (issue 15 target 3, `supervisor::zygote_main`): one
+/// long-lived process that forks each job's supervisor, saving the `exec` of one per job.
+struct Zygote {
+    child: std::process::Child,
+    tx: std::process::ChildStdin,
+    rx: std::process::ChildStdout,
+}
+
+/// Why a zygote did not answer a launch with a pid.
+enum ZygoteError {
+    /// Nothing was forked for it: the launch may be started another way.
+    NotForked(String),
+    /// A supervisor may have been forked and its pid is not known: the launch must not be
+    /// started again (two supervisors of one lease).
+    Unknown(String),
+}
+
+impl Zygote {
+    fn start(program: &Path) -> std::io::Result<Zygote> {
+        let mut cmd = std::process::Command::new(program);
+        cmd.args([supervisor::SUBCOMMAND, supervisor::ZYGOTE])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        without_millrace_env(&mut cmd);
+        let mut child = cmd.spawn()?;
+        match (child.stdin.take(), child.stdout.take()) {
+            (Some(tx), Some(rx)) => Ok(Zygote { child, tx, rx }),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(std::io::Error::other("the zygote's pipes"))
+            }
+        }
+    }
+
+    /// Hands `launch` (encoded) to the zygote; the pid of the supervisor it forked.
+    fn launch(&mut self, launch: &[u8]) -> Result<i32, ZygoteError> {
+        use std::os::fd::AsFd;
+        supervisor::write_zygote_frame(&mut self.tx, launch)
+            .map_err(|e| ZygoteError::NotForked(format!("writing the launch: {e}")))?;
+        let mut fds = [nix::poll::PollFd::new(
+            self.rx.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let wait =
+            nix::poll::PollTimeout::try_from(ZYGOTE_ANSWER).unwrap_or(nix::poll::PollTimeout::MAX);
+        match nix::poll::poll(&mut fds, wait) {
+            Ok(0) => {
+                return Err(ZygoteError::Unknown(format!(
+                    "no answer within {ZYGOTE_ANSWER:?}"
+                )))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(ZygoteError::Unknown(format!("poll: {e}"))),
+        }
+        let body = match supervisor::read_zygote_frame(&mut self.rx, 64 * 1024) {
+            Ok(Some(body)) => body,
+            Ok(None) => return Err(ZygoteError::Unknown("it closed its answers".into())),
+            Err(e) => return Err(ZygoteError::Unknown(format!("its answer: {e}"))),
+        };
+        match postcard::from_bytes::<supervisor::Forked>(&body) {
+            Ok(supervisor::Forked::Pid(pid)) => Ok(pid),
+            Ok(supervisor::Forked::Refused(why)) => Err(ZygoteError::NotForked(why)),
+            Err(e) => Err(ZygoteError::Unknown(format!("its answer: {e}"))),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    /// It holds no job state (each supervisor is a process of its own): killed and reaped.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The executor's own settings (its token above all) are not a supervisor's business.
+fn without_millrace_env(cmd: &mut std::process::Command) {
+    for (key, _) in std::env::vars_os() {
+        if std::os::unix::ffi::OsStrExt::as_bytes(key.as_os_str()).starts_with(b"MILLRACE_") {
+            cmd.env_remove(key);
+        }
+    }
 }
 
 impl SupervisorProgram {
@@ -176,6 +274,7 @@ impl SupervisorProgram {
         let fallback = SupervisorProgram {
             _file: None,
             path: PathBuf::from("/proc/self/exe"),
+            forks: false,
         };
         let Some(sibling) = std::env::current_exe()
             .ok()
@@ -208,6 +307,7 @@ impl SupervisorProgram {
         SupervisorProgram {
             _file: Some(file),
             path,
+            forks: true,
         }
     }
 }
@@ -241,6 +341,7 @@ impl ShellEngine {
             collecting: BTreeMap::new(),
             contact: tokio::sync::watch::Sender::new((0, grace_ms)),
             program: SupervisorProgram::find(),
+            zygote: None,
         })
     }
 
@@ -285,7 +386,7 @@ impl ShellEngine {
         };
         // Launched here, in the driver's step that acted on `StartJob`, so that a graceful
         // shutdown right after it leaves a supervisor for the next process to adopt.
-        let launched = launch_supervisor(&self.program.path, &launch);
+        let launched = launch_supervisor(&self.program, &mut self.zygote, &launch);
         self.spawn_task(lease, Mode::Start(launched));
     }
 
@@ -572,7 +673,11 @@ async fn attend(
 /// travel there, never on disk). Its pid goes to `supervisor.pid` in its directory, so that
 /// an attachment (now or after a restart) can tell a supervisor still starting up from one
 /// that is gone. Blocking, but short: a spawn and a pipe write the supervisor reads at once.
-fn launch_supervisor(program: &Path, launch: &Launch) -> Result<(), String> {
+fn launch_supervisor(
+    program: &SupervisorProgram,
+    zygote: &mut Option<Zygote>,
+    launch: &Launch,
+) -> Result<(), String> {
     use std::io::Write;
     let dir = &launch.dir;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -580,20 +685,44 @@ fn launch_supervisor(program: &Path, launch: &Launch) -> Result<(), String> {
     if let Some(durable) = &launch.durable {
         let _ = std::fs::remove_file(supervisor::exit_path(durable));
     }
+    let bytes = postcard::to_allocvec(launch).map_err(|e| format!("launch: {e}"))?;
+    if program.forks && bytes.len() <= ZYGOTE_MAX_LAUNCH {
+        if zygote.is_none() {
+            match Zygote::start(&program.path) {
+                Ok(z) => *zygote = Some(z),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the supervisor zygote; this job's supervisor is exec'd");
+                }
+            }
+        }
+        if let Some(z) = zygote.as_mut() {
+            match z.launch(&bytes) {
+                Ok(pid) => {
+                    let _ = std::fs::write(dir.join("supervisor.pid"), pid.to_string());
+                    return Ok(());
+                }
+                Err(ZygoteError::NotForked(e)) => {
+                    tracing::warn!(lease = launch.lease, error = %e, "the supervisor zygote forked nothing; this job's supervisor is exec'd and a new zygote started for the next");
+                    *zygote = None;
+                }
+                Err(ZygoteError::Unknown(e)) => {
+                    *zygote = None;
+                    // A supervisor may be waiting for its attachment: the attachment task
+                    // does not attach (the job is reported not started), so it starts
+                    // nothing and ends after `reconnect_grace` (E14).
+                    return Err(format!("the supervisor zygote: {e}"));
+                }
+            }
+        }
+    }
     let errlog = dir.join("supervisor.log");
     let err = std::fs::File::create(&errlog).map_err(|e| format!("{}: {e}", errlog.display()))?;
-    let bytes = postcard::to_allocvec(launch).map_err(|e| format!("launch: {e}"))?;
-    let mut cmd = std::process::Command::new(program);
+    let mut cmd = std::process::Command::new(&program.path);
     cmd.arg(supervisor::SUBCOMMAND)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(err);
-    // The executor's own settings (its token above all) are not the job's business.
-    for (key, _) in std::env::vars_os() {
-        if std::os::unix::ffi::OsStrExt::as_bytes(key.as_os_str()).starts_with(b"MILLRACE_") {
-            cmd.env_remove(key);
-        }
-    }
+    without_millrace_env(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("millrace supervise: {e}"))?;

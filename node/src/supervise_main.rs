@@ -32,5 +32,11 @@ fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::from(2);
     }
+    if std::env::args_os()
+        .nth(2)
+        .is_some_and(|a| a == supervisor::ZYGOTE)
+    {
+        return supervisor::zygote_main();
+    }
     supervisor::main()
 }

@@ -42,7 +42,8 @@ use sha2::{Digest, Sha256};
 /// The supervisor protocol's version; an executor and a supervisor of different versions
 /// refuse each other (the job is then treated as lost).
 /// 5: `Output` says where its bytes start in the job's log (E15).
-/// 6: `Launch::durable`, the record's durable home when `dir` is a runtime directory.
+/// 6: `Launch::durable`, the record's durable home when `dir` is a runtime directory; the
+/// zygote (`supervise --zygote`).
 pub const PROTOCOL: u32 = 6;
 /// The hidden subcommand.
 pub const SUBCOMMAND: &str = "supervise";
@@ -51,6 +52,8 @@ pub const BINARY: &str = "millrace-supervise";
 /// `millrace-supervise --protocol` prints [`PROTOCOL`]: the executor checks it before using
 /// the binary, so a stale one left from another version is never run.
 pub const PROTOCOL_QUERY: &str = "--protocol";
+/// With [`SUBCOMMAND`]: a zygote that forks a supervisor per launch (issue 15 target 3).
+pub const ZYGOTE: &str = "--zygote";
 /// Largest frame on the supervisor socket.
 pub const MAX_FRAME: usize = 1 << 20;
 /// Largest launch message (payload, environment, secrets).
@@ -352,20 +355,196 @@ pub fn main() -> std::process::ExitCode {
         eprintln!("millrace supervise: launch exceeds {MAX_LAUNCH} bytes");
         return std::process::ExitCode::from(2);
     }
-    let launch: Launch = match postcard::from_bytes(&raw) {
-        Ok(l) => l,
+    match decode_launch(&raw) {
+        Ok(launch) => supervise_launch(launch),
         Err(e) => {
-            eprintln!("millrace supervise: launch: {e}");
+            eprintln!("millrace supervise: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// A launch off the wire, of this binary's protocol.
+fn decode_launch(raw: &[u8]) -> Result<Launch, String> {
+    let launch: Launch = postcard::from_bytes(raw).map_err(|e| format!("launch: {e}"))?;
+    if launch.version != PROTOCOL {
+        return Err(format!(
+            "launch protocol {} (this binary speaks {PROTOCOL})",
+            launch.version
+        ));
+    }
+    Ok(launch)
+}
+
+/// What a zygote answers each launch frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Forked {
+    /// The supervisor forked for it.
+    Pid(i32),
+    /// None was forked, and why.
+    Refused(String),
+}
+
+/// Writes one zygote frame: a big-endian `u32` length, then `body`.
+pub fn write_zygote_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let len =
+        u32::try_from(body.len()).map_err(|_| std::io::Error::other("zygote frame over 4 GiB"))?;
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(body);
+    w.write_all(&frame)?;
+    w.flush()
+}
+
+/// Reads one zygote frame of at most `max` bytes; `Ok(None)` at a clean EOF.
+pub fn read_zygote_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u64::from(u32::from_be_bytes(len));
+    if len > max {
+        return Err(std::io::Error::other(format!(
+            "zygote frame of {len} bytes exceeds the bound of {max}"
+        )));
+    }
+    let mut body = vec![0u8; usize::try_from(len).map_err(std::io::Error::other)?];
+    r.read_exact(&mut body)?;
+    Ok(Some(body))
+}
+
+/// `millrace-supervise supervise --zygote` (issue 15 target 3): started once by an executor,
+/// it reads launch frames on stdin and forks one supervisor per launch, answering each with
+/// the child's pid on stdout. A supervisor forked from this small, already-running process
+/// costs no `exec`: no ELF load, no relocation, no dynamic linking and none of glibc's start-up
+/// `cpuid` probes, which trap to the hypervisor on a VM (together ~20 % of all CPU in `demo
+/// --command true` when every supervisor was exec'd). The child runs exactly what an exec'd
+/// supervisor runs ([`supervise_launch`]), so E14 is unchanged: it leaves the session, becomes
+/// a subreaper, owns its socket. The zygote holds no job state: at EOF (its executor is gone)
+/// it exits and its children, each in its own session, are re-parented like any orphan. It
+/// reaps the supervisors it forked (every `REAP_EVERY` while idle), so none lingers as a
+/// zombie. It never starts a thread, so `fork` is sound here.
+pub fn zygote_main() -> std::process::ExitCode {
+    use std::os::fd::AsFd;
+    // Signals to the executor's process group (a terminal's Ctrl-C) are not ours.
+    let _ = nix::unistd::setsid();
+    let stdin = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) => {
+            eprintln!("millrace supervise --zygote: stdin: {e}");
             return std::process::ExitCode::from(2);
         }
     };
-    if launch.version != PROTOCOL {
-        eprintln!(
-            "millrace supervise: launch protocol {} (this binary speaks {PROTOCOL})",
-            launch.version
-        );
-        return std::process::ExitCode::from(2);
+    let mut input = stdin;
+    let mut out = std::io::stdout();
+    loop {
+        reap_forked();
+        let mut fds = [nix::poll::PollFd::new(
+            input.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(REAP_EVERY_MS)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                eprintln!("millrace supervise --zygote: poll: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        }
+        let mut raw = match read_zygote_frame(&mut input, MAX_LAUNCH) {
+            Ok(Some(raw)) => raw,
+            // The executor is gone: the supervisors live on without us.
+            Ok(None) => return std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("millrace supervise --zygote: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        };
+        let answer = match fork_supervisor(&raw) {
+            Ok(pid) => Forked::Pid(pid),
+            Err(e) => Forked::Refused(e),
+        };
+        // The launch carries the job's secrets: not left in this process's memory for the
+        // next child to inherit. (It is decoded only in the child.)
+        raw.fill(0);
+        drop(raw);
+        let sent = postcard::to_allocvec(&answer)
+            .map_err(std::io::Error::other)
+            .and_then(|body| write_zygote_frame(&mut out, &body));
+        if let Err(e) = sent {
+            eprintln!("millrace supervise --zygote: answering: {e}");
+            return std::process::ExitCode::from(1);
+        }
     }
+}
+
+/// How often an idle zygote reaps the supervisors it forked, in milliseconds.
+const REAP_EVERY_MS: u16 = 200;
+
+/// Reaps every supervisor this zygote forked that has ended.
+fn reap_forked() {
+    use nix::sys::wait::WaitPidFlag;
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// Forks the supervisor of the launch in `raw`; the child's pid.
+#[allow(unsafe_code)]
+fn fork_supervisor(raw: &[u8]) -> Result<i32, String> {
+    // SAFETY: `fork` in a multi-threaded process may leave the child with locks held by
+    // threads that no longer exist; the zygote never starts a thread (`zygote_main` runs on
+    // the main thread alone and nothing it calls spawns one), so the child is a full copy of
+    // a single-threaded process and may run any code, as after `exec`.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Parent { child }) => Ok(child.as_raw()),
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = forked_child(raw);
+            std::process::exit(code)
+        }
+        Err(e) => Err(format!("fork: {e}")),
+    }
+}
+
+/// In a forked child: the zygote's pipes are not the supervisor's (stdin and stdout become
+/// /dev/null, stderr the supervisor's own log in its directory), then the launch runs as an
+/// exec'd supervisor's would.
+fn forked_child(raw: &[u8]) -> i32 {
+    let launch = match decode_launch(raw) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("millrace supervise --zygote: {e}");
+            return 2;
+        }
+    };
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+    let log = launch.dir.join("supervisor.log");
+    match std::fs::create_dir_all(&launch.dir).and_then(|()| std::fs::File::create(&log)) {
+        Ok(f) => {
+            let _ = nix::unistd::dup2_stderr(&f);
+        }
+        Err(e) => eprintln!("millrace supervise: {}: {e}", log.display()),
+    }
+    match supervise_launch(launch) {
+        std::process::ExitCode::SUCCESS => 0,
+        _ => 1,
+    }
+}
+
+/// Supervises one decoded launch: leaves the executor's session, becomes a subreaper, runs.
+fn supervise_launch(launch: Launch) -> std::process::ExitCode {
     // Out of the executor's session and process group: a signal to those is not the job's.
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("millrace supervise: setsid: {e}");

@@ -517,3 +517,87 @@ fn e14_runtime_dir_a_change_while_a_supervisor_runs_is_refused_and_the_job_runs_
     assert_eq!(lines(&starts), 1, "started once");
     assert_eq!(lines(&ends), 1, "completed once");
 }
+
+/// The parent of the supervisor of the job that wrote `file` (its line: the supervisor's
+/// ppid, read by the job from /proc).
+fn supervisors_parent(file: &Path) -> i32 {
+    wait_for("the job's report of its supervisor's parent", || {
+        read_pid(file)
+    })
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Zombie children of `parent`.
+fn zombies_of(parent: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            stat_field(pid, 0).as_deref() == Some("Z")
+                && stat_field(pid, 1).and_then(|p| p.parse().ok()) == Some(parent)
+        })
+        .collect()
+}
+
+/// E14 with the supervisor zygote (issue 15 target 3): supervisors are forked by one
+/// long-lived `supervise --zygote`, which reaps them when they end. Killing the zygote
+/// costs nothing: the next job's supervisor is exec'd as before, and the one after is
+/// forked by a new zygote. Every job runs once and succeeds.
+#[test]
+fn e14_zygote_forks_supervisors_reaps_them_and_a_killed_zygote_is_replaced() {
+    let root = tempfile::tempdir().unwrap();
+    let mill = start_mill(root.path(), "10s");
+    let _x = start_exec(root.path(), &mill, 2, "10s");
+    wait_for("the executor", || mill.api.ready("x1").then_some(()));
+    let runs = root.path().join("runs");
+    let job = |n: u32| {
+        let report = root.path().join(format!("parent-{n}"));
+        let id = mill.api.submit(&json!({
+            "command": format!(
+                "echo {n} >> {r}; sed 's/.*) //' /proc/$PPID/stat | cut -d' ' -f2 > {p}.tmp && mv {p}.tmp {p}",
+                r = runs.display(),
+                p = report.display()
+            ),
+        }));
+        let v = mill.api.wait_done(id);
+        assert_eq!(v["state"], "success", "{v}");
+        supervisors_parent(&report)
+    };
+    let zygote = job(1);
+    assert!(
+        cmdline(zygote).contains("supervise --zygote"),
+        "pid {zygote}: {:?}",
+        cmdline(zygote)
+    );
+    wait_for("the zygote to reap the ended supervisor", || {
+        zombies_of(zygote).is_empty().then_some(())
+    });
+    kill_pid(zygote);
+    wait_for("the zygote to be gone", || {
+        (!pid_alive(zygote)).then_some(())
+    });
+    let second = job(2);
+    assert!(
+        !cmdline(second).contains("--zygote"),
+        "the job after the zygote died is exec'd by the executor: {:?}",
+        cmdline(second)
+    );
+    let third = job(3);
+    assert!(
+        third != zygote && cmdline(third).contains("supervise --zygote"),
+        "a new zygote forks again: pid {third} {:?}",
+        cmdline(third)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "1\n2\n3\n",
+        "each job ran once"
+    );
+}
