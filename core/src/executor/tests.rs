@@ -36,6 +36,20 @@ fn config() -> ExecutorConfig {
     c
 }
 
+/// [`config`] with two shell seats sharing 1,500 cpu_millis: a job of [`spec`] (1,000)
+/// fits once, so the second seat is free but short of cpu (M34).
+fn two_seats_short_of_cpu() -> ExecutorConfig {
+    let mut c = config();
+    c.engines.insert(
+        "shell".into(),
+        EngineConfig {
+            capacity: 2,
+            resources: Resources::from([("cpu_millis".to_string(), 1500)]),
+        },
+    );
+    c
+}
+
 fn spec(engine: &str) -> JobSpec {
     JobSpec {
         retry: Default::default(),
@@ -376,13 +390,18 @@ impl Harness {
     }
 
     fn reserve(&mut self, lease: LeaseId, spec: JobSpec) -> Vec<ExecutorOutput> {
+        self.ask(lease, spec, false)
+    }
+
+    /// A `ReserveSeat` for `lease` (job `lease + 100`), a bid or a direct ask (M35).
+    fn ask(&mut self, lease: LeaseId, spec: JobSpec, direct: bool) -> Vec<ExecutorOutput> {
         self.mill(ToExecutor::ReserveSeat {
             term: crate::types::Term(1),
             lease,
             job: JobId(lease.get() + 100),
             spec: Box::new(spec),
             ttl: secs(45),
-            direct: false,
+            direct,
         })
     }
 
@@ -456,15 +475,7 @@ fn e2_reserve_rejects_transient_when_full() {
     assert!(resources.is_empty());
 
     // A free seat but not enough of a declared resource left is transient too.
-    let mut c = config();
-    c.engines.insert(
-        "shell".into(),
-        EngineConfig {
-            capacity: 2,
-            resources: Resources::from([("cpu_millis".to_string(), 1500)]),
-        },
-    );
-    let mut h = Harness::ready(c);
+    let mut h = Harness::ready(two_seats_short_of_cpu());
     h.reserve(L1, spec("shell"));
     let (accepted, reject, reason, _) = reserve_result(&h.reserve(L2, spec("shell")));
     assert!(!accepted);
@@ -2419,14 +2430,7 @@ fn closes(outs: &[ExecutorOutput]) -> String {
 
 impl Harness {
     fn reserve_direct(&mut self, lease: LeaseId, spec: JobSpec) -> Vec<ExecutorOutput> {
-        self.mill(ToExecutor::ReserveSeat {
-            term: crate::types::Term(1),
-            lease,
-            job: JobId(lease.get() + 100),
-            spec: Box::new(spec),
-            ttl: secs(45),
-            direct: true,
-        })
+        self.ask(lease, spec, true)
     }
 }
 
@@ -2528,15 +2532,7 @@ fn e16_bids_and_asks_short_of_a_resource_are_refused_and_at_most_capacity_leases
     );
     // A free seat short of a resource is refused, never waited for: the mill learns which
     // resource (M34).
-    let mut c = config();
-    c.engines.insert(
-        "shell".into(),
-        EngineConfig {
-            capacity: 2,
-            resources: Resources::from([("cpu_millis".to_string(), 1500)]),
-        },
-    );
-    let mut h = Harness::ready(c);
+    let mut h = Harness::ready(two_seats_short_of_cpu());
     h.run(L1, "shell");
     let (accepted, _, reason, _) = reserve_result(&h.reserve_direct(L2, spec("shell")));
     assert!(!accepted && reason.contains("cpu_millis"), "{reason}");
