@@ -336,6 +336,10 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         stats.commit_mean_us as f64 / 1000.0,
         h.len() as f64 / stats.commits.max(1) as f64
     );
+    println!(
+        "commits held for their early asks: {} ({} with every ask decided in time)",
+        stats.held, stats.held_answered
+    );
     let per_job = |n: u64| n as f64 / h.len().max(1) as f64;
     println!(
         "syncs: mill {} ({:.2} per job), executor {} ({:.2} per job; fake executors keep no store)",

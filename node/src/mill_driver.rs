@@ -46,6 +46,15 @@ const MAX_STEP_INPUTS: usize = 2048;
 /// them, go to the committer so the next steps run during the fsync.
 #[cfg(not(madsim))]
 const INLINE_COMMIT_WRITES: usize = 16;
+/// The longest a small commit is held for the answers to the asks its steps sent ahead of it
+/// (issue 15): at most one commit's time is ever worth waiting (see [`Driver::hold_for_asks`]),
+/// and never more than this, however slow the disk measured.
+const MAX_ASK_HOLD: Duration = Duration::from_millis(1);
+/// A group of at most this many writes may be held for its asks (one job's insert and the
+/// placement it waits for); larger groups come from load that shares fsyncs already.
+const HOLD_MAX_WRITES: usize = 16;
+/// What a commit is taken to cost before one has been measured.
+const FIRST_COMMIT_GUESS: Duration = Duration::from_micros(300);
 /// Events buffered per subscriber of job events.
 pub const EVENT_BUFFER: usize = 16 * 1024;
 /// At shutdown, how long connection writers may take to send what the last steps queued.
@@ -214,6 +223,11 @@ pub struct Stats {
     pub commits: u64,
     /// Mean commit time (µs).
     pub commit_mean_us: u64,
+    /// Small commits held for the answers to their early asks (issue 15).
+    pub held: u64,
+    /// Of those, the ones whose asks were all decided before the hold ran out: their
+    /// placement and their job's insert shared one fsync.
+    pub held_answered: u64,
 }
 
 /// A job changed, for followers (log streams, `--wait`, the demo).
@@ -436,6 +450,15 @@ struct Driver {
     /// the stored log complete and frees the live buffer (E15), so it is never dropped.
     /// Bounded by the jobs that end while the writer is a whole queue behind.
     done_pending: Vec<JobId>,
+    /// The small commit waiting for its early asks is handed over at this instant at the
+    /// latest ([`Driver::hold_for_asks`]).
+    hold_until: Option<Instant>,
+    /// The early asks of the steps since the last commit, while one of them is undecided.
+    held_asks: Vec<millrace_core::LeaseId>,
+    /// Recent commit time (an average of the last few, 1/8 weight each).
+    commit_avg: Duration,
+    /// Counts for the bench: holds begun, and holds that ended with every ask decided.
+    holds: (u64, u64),
 }
 
 /// Starts the driver thread for `mill` on `store`. It runs until [`MillCmd::Shutdown`] (or
@@ -479,6 +502,10 @@ pub fn spawn(
         retention_due: Instant::now() + RETENTION_EVERY,
         forget_pending: Vec::new(),
         done_pending: Vec::new(),
+        hold_until: None,
+        held_asks: Vec::new(),
+        commit_avg: FIRST_COMMIT_GUESS,
+        holds: (0, 0),
     };
     let handle = crate::rt::spawn_async(
         "mill-driver".into(),
@@ -513,6 +540,8 @@ impl Driver {
             } else {
                 wake.min(Instant::now() + DONE_RETRY)
             };
+            // A commit held for its asks is handed over when the hold runs out.
+            let wake = self.hold_until.map_or(wake, |h| wake.min(h));
             let sleep = tokio::time::sleep_until(wake.into());
             let mut first = None;
             tokio::select! {
@@ -546,8 +575,12 @@ impl Driver {
                 self.drain();
             }
             // Hand the steps' writes over, unless a commit is in flight (they form the
-            // next one, handed over when it is done); written here if nothing waits.
-            self.flush_with(rx.is_empty())?;
+            // next one, handed over when it is done); written here if nothing waits. A small
+            // commit whose early asks are out waits for their answers, bounded.
+            let idle = rx.is_empty();
+            if !self.hold_for_asks(idle) {
+                self.flush_with(idle)?;
+            }
             if !self.done_pending.is_empty() {
                 self.hand_over_done();
             }
@@ -797,6 +830,8 @@ impl Driver {
                         .commit_us_total
                         .checked_div(self.metrics.batches.get())
                         .unwrap_or(0),
+                    held: self.holds.0,
+                    held_answered: self.holds.1,
                 });
             }
             MillCmd::Shutdown => {
@@ -896,6 +931,82 @@ impl Driver {
         self.flush_with(false)
     }
 
+    /// Whether the steps since the last commit are held back a moment longer, for the answers
+    /// to the asks they sent ahead of their `Persist` (M12's early asks, issue 15). At a
+    /// CI fleet's rate a job's insert is one small commit and its placement, when the bid
+    /// comes back, a second one right behind it; a bid that comes back within one commit's
+    /// time lets both share one fsync, and the job runs a commit sooner. The hold is only
+    /// ever a delay: nothing is acted on that follows an unsynced write, the outputs ahead
+    /// of the first `Persist` go now (as [`Driver::flush`] would send them), and a step's
+    /// answer still waits for its commit. So it applies only when it cannot cost throughput
+    /// or safety: no command waits (`idle`), no commit is in flight, the group is small, an
+    /// early ask of it is still undecided, and for at most the recent commit time (waiting
+    /// longer than a commit saves nothing) capped at [`MAX_ASK_HOLD`].
+    fn hold_for_asks(&mut self, idle: bool) -> bool {
+        if !idle || self.stopping || self.inflight.is_some() {
+            return self.end_hold(false);
+        }
+        let Some(first) = self
+            .outs
+            .iter()
+            .position(|o| matches!(o, MillOutput::Persist(_)))
+        else {
+            return self.end_hold(false);
+        };
+        let ahead: Vec<MillOutput> = self.outs.drain(..first).collect();
+        for o in ahead {
+            if let MillOutput::Send {
+                msg: ToExecutor::ReserveSeat { lease, .. },
+                ..
+            } = &o
+            {
+                self.held_asks.push(*lease);
+            }
+            self.act(o);
+        }
+        let writes: usize = self
+            .outs
+            .iter()
+            .map(|o| match o {
+                MillOutput::Persist(b) => b.writes.len(),
+                _ => 0,
+            })
+            .sum();
+        if writes > HOLD_MAX_WRITES {
+            return self.end_hold(false);
+        }
+        let mill = &self.mill;
+        self.held_asks.retain(|lease| mill.is_ask(*lease));
+        if self.held_asks.is_empty() {
+            // Every early ask is decided (or there was none): commit now.
+            let answered = self.hold_until.is_some();
+            return self.end_hold(answered);
+        }
+        let now = Instant::now();
+        let until = match self.hold_until {
+            Some(until) => until,
+            None => {
+                self.holds.0 += 1;
+                let until = now + self.commit_avg.min(MAX_ASK_HOLD);
+                self.hold_until = Some(until);
+                until
+            }
+        };
+        if now >= until {
+            return self.end_hold(false);
+        }
+        true
+    }
+
+    /// Ends a hold (if any): false, so the caller hands the group over now.
+    fn end_hold(&mut self, answered: bool) -> bool {
+        if self.hold_until.take().is_some() && answered {
+            self.holds.1 += 1;
+        }
+        self.held_asks.clear();
+        false
+    }
+
     /// [`Driver::flush`], writing a small group on this thread when `idle` (no command
     /// waits) and the committer has nothing of ours: the same order, the same rule (nothing
     /// after a `Persist` is acted on before the write returns), two thread wakes fewer.
@@ -918,6 +1029,7 @@ impl Driver {
             }
             return Ok(());
         };
+        self.end_hold(false);
         let mut outs = std::mem::take(&mut self.outs);
         let mut tail = outs.split_off(first);
         for o in outs {
@@ -987,6 +1099,7 @@ impl Driver {
         match f {
             Finished::Committed(Ok(took)) => {
                 self.metrics.commit_latency.observe(took.as_secs_f64());
+                self.commit_avg = (self.commit_avg * 7 + took) / 8;
                 self.metrics.batches.inc();
                 self.commit_us_total = self
                     .commit_us_total
@@ -1176,9 +1289,17 @@ mod tests {
 
     /// A driver on a fresh store in `dir`, and a runtime to talk to it from the test.
     fn driver(dir: &std::path::Path) -> (MillHandle, Thread, tokio::runtime::Runtime) {
+        driver_with(dir, MillConfig::default())
+    }
+
+    /// [`driver`] with the mill's config.
+    fn driver_with(
+        dir: &std::path::Path,
+        config: MillConfig,
+    ) -> (MillHandle, Thread, tokio::runtime::Runtime) {
         let store = crate::store::open_sqlite(dir).unwrap();
         let clock = Clock::start();
-        let mill = Mill::new(MillConfig::default(), None, clock.now()).unwrap();
+        let mill = Mill::new(config, None, clock.now()).unwrap();
         let (events, _) = broadcast::channel(16);
         let (logs, _) = mpsc::channel(16);
         let (handle, thread) = spawn(
@@ -1265,6 +1386,111 @@ mod tests {
         let store = crate::mill_store::MillStore::open(dir.path()).unwrap();
         let snap = store.load().unwrap().unwrap();
         assert_eq!(snap.jobs.len(), 1);
+    }
+
+    /// Issue 15, M12's early asks: a small commit held for the answer to an ask sent ahead
+    /// of it is handed over when the hold runs out, answered or not. An executor that never
+    /// answers leaves the submit answered and its job durable (the hold is a delay, never a
+    /// wait on a peer); answered later, the ask places the job as any late acceptance would.
+    #[test]
+    fn a_commit_held_for_an_unanswered_ask_is_still_made_and_answered() {
+        use millrace_core::testkit::ScriptedExecutor;
+        let dir = tempfile::tempdir().unwrap();
+        let config = MillConfig {
+            direct_placement: false,
+            late_binding: false,
+            ..MillConfig::default()
+        };
+        let (handle, thread, rt) = driver_with(dir.path(), config);
+        let conn = ConnId(1);
+        let mut script = ScriptedExecutor::new("x1", Epoch(7), 4);
+        let (stats, held_ask, job) = rt.block_on(async {
+            let bound = Duration::from_secs(60);
+            let (conn_tx, mut conn_rx) = mpsc::channel(64);
+            let tx = handle.sender();
+            tx.send(MillCmd::Connected { conn, tx: conn_tx })
+                .await
+                .unwrap();
+            // The executor's side: answers everything, except asks while `silent`.
+            let mut talk = async |script: &mut ScriptedExecutor, silent: bool, done: u64| loop {
+                let Some(ConnOut::Send(msg)) = conn_rx.recv().await else {
+                    panic!("the mill closed the connection");
+                };
+                if silent && matches!(msg, ToExecutor::ReserveSeat { .. }) {
+                    return Some(msg);
+                }
+                let mut out = Vec::new();
+                script.handle(msg, &mut out).unwrap();
+                for m in out {
+                    tx.send(MillCmd::Net(MillInput::Message { conn, msg: m }))
+                        .await
+                        .unwrap();
+                }
+                if !silent && script.finished() == done {
+                    return None;
+                }
+            };
+            tx.send(MillCmd::Net(MillInput::Message {
+                conn,
+                msg: script.hello(""),
+            }))
+            .await
+            .unwrap();
+            // The first job runs: its ask needed the lease floor's write (M30), so it went
+            // behind the insert; after it the floor is durable and asks go early.
+            let first = tokio::time::timeout(bound, async {
+                let (answer, ()) = tokio::join!(handle.submit_keyed(spec(), None), async {
+                    assert!(talk(&mut script, false, 1).await.is_none());
+                });
+                answer
+            })
+            .await
+            .expect("the first job was answered");
+            assert!(first.is_ok(), "{first:?}");
+            let before = handle.stats().await.unwrap();
+            // The second job's ask goes ahead of its insert and is never answered: the
+            // submit is answered anyway.
+            let (answer, ask) = tokio::time::timeout(bound, async {
+                tokio::join!(
+                    handle.submit_keyed(spec(), None),
+                    talk(&mut script, true, 0)
+                )
+            })
+            .await
+            .expect("a submit whose ask is never answered was answered");
+            let job = answer.unwrap().0.job;
+            let after = handle.stats().await.unwrap();
+            let stats = (
+                after.held - before.held,
+                after.held_answered - before.held_answered,
+            );
+            // Answered now (late): the job is placed and runs.
+            let mut out = Vec::new();
+            script.handle(ask.clone().unwrap(), &mut out).unwrap();
+            for m in out {
+                tx.send(MillCmd::Net(MillInput::Message { conn, msg: m }))
+                    .await
+                    .unwrap();
+            }
+            tokio::time::timeout(bound, talk(&mut script, false, 2))
+                .await
+                .expect("the late acceptance placed the job");
+            tx.send(MillCmd::Shutdown).await.unwrap();
+            (stats, ask, job)
+        });
+        thread.join().unwrap().unwrap();
+        assert!(
+            matches!(held_ask, Some(ToExecutor::ReserveSeat { job: j, .. }) if j == job),
+            "{held_ask:?}"
+        );
+        assert_eq!(stats, (1, 0), "one hold, run out without its answer");
+        assert_eq!(script.finished(), 2);
+        let reader = crate::mill_store::MillReader::open(&dir.path().join("mill.db")).unwrap();
+        let row = reader.job(job).unwrap();
+        assert!(
+            row.is_some_and(|r| r.state.name() == "success"),
+            "the held job is durable and ran"
+        );
     }
 
     /// A send to a connection whose task already ended (its `Disconnected` not yet handled)
