@@ -79,7 +79,15 @@ def run_one(m: dict, src: Path, target: Path, plan: list[tuple[str, int, int]]) 
     count = original.count(m["find"])
     if count != 1:
         return {"result": f"stale: `find` occurs {count} times in {m['file']}"}
-    env = dict(os.environ, CARGO_TARGET_DIR=str(target), CARGO_TERM_COLOR="never")
+    # Debug assertions in every crate, the core's too: the workspace's release profile turns
+    # them on for `sim` alone (a production binary must not pay for the core's audits), and
+    # a core debug assertion that fails counts as caught.
+    env = dict(
+        os.environ,
+        CARGO_TARGET_DIR=str(target),
+        CARGO_TERM_COLOR="never",
+        CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS="true",
+    )
     try:
         path.write_text(original.replace(m["find"], m["replace"], 1))
         b = sh(["cargo", "build", "--release", "-q", "-p", "sim"], src, env)

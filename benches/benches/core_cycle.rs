@@ -6,7 +6,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use millrace_core::job::Identity;
 use millrace_core::quota::{QuotaConfig, QuotaLedger};
-use millrace_core::types::{JobId, Resources};
+use millrace_core::types::{ConnId, JobId, LeaseId, Resources};
 
 /// submit → reserve top-3 → accept → release losers → commit → running → terminal.
 fn placement_cycle(c: &mut Criterion) {
@@ -56,6 +56,53 @@ fn placement_backlog(c: &mut Criterion) {
                 running = next;
                 fleet.submit_as(&owners[k % owners.len()]);
                 k += 1;
+                black_box(next)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// M36 with a backlog of one owner (issue 15): four one-seat executors placing directly,
+/// each running one job with the next staged on it, and `waiting` more queued. Each
+/// iteration ends executor 0's running job, starts its staged one (the executor answers
+/// the staged commit when the seat frees, E16) — whose step stages the next queued job
+/// there — and submits one more. Every such step runs a staging pass over the queue; with
+/// no stage slot free it must not cost the pass's whole budget (256 jobs, each against
+/// every staged node) when nothing in it can be staged (BENCHMARKS.md, seventh session).
+fn placement_backlog_staged(c: &mut Criterion) {
+    let mut group = c.benchmark_group("placement_backlog_staged");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(20);
+    for waiting in [1_000usize, 100_000] {
+        let mut fleet = benches::Fleet::direct(4, 1);
+        // Per connection: its running lease, then its staged one, in the order sent.
+        let mut sent: BTreeMap<ConnId, Vec<LeaseId>> = BTreeMap::new();
+        for _ in 0..(8 + waiting) {
+            fleet.submit();
+            for (conn, lease) in fleet.asks() {
+                sent.entry(conn).or_default().push(lease);
+            }
+        }
+        let Some((&conn, leases)) = sent.iter().next() else {
+            panic!("nothing was placed");
+        };
+        let [running, staged] = leases.as_slice() else {
+            panic!("executor 0 holds {leases:?}, not one running and one staged lease");
+        };
+        let (mut running, mut staged) = (*running, *staged);
+        fleet.run_ask(conn, running);
+        group.bench_with_input(BenchmarkId::from_parameter(waiting), &waiting, |b, _| {
+            b.iter(|| {
+                fleet.finish_keeping(conn, &[running]);
+                fleet.run_ask(conn, staged);
+                let Some(&(c, next)) = fleet.asks().first() else {
+                    panic!("starting the staged job staged no queued one");
+                };
+                assert_eq!(c, conn, "the next job is staged where a seat will free");
+                running = staged;
+                staged = next;
+                fleet.submit();
                 black_box(next)
             })
         });
@@ -120,6 +167,7 @@ criterion_group!(
     benches,
     placement_cycle,
     placement_backlog,
+    placement_backlog_staged,
     event_application,
     quota_ops
 );

@@ -1364,9 +1364,37 @@ impl Mill {
         while let Some(key) = self.fair_after(cursor.as_ref()) {
             let (_, first, owner) = key.clone();
             cursor = Some(key);
+            debug_assert_eq!(
+                self.owners.get(&*owner).and_then(|o| o.queued.first()),
+                Some(&first),
+                "M33: the fair order names each owner's first queued job"
+            );
+            // With no slot free, a job can only make a staged job of its owner that goes
+            // after it yield: from the first of the owner's jobs that goes after all of
+            // them, `try_stage` finds nothing for the rest. They are counted as looked at
+            // without looking (the pass decides exactly what it did), which keeps a pass
+            // over a long queue from costing its whole budget on every step.
+            let last = self
+                .stage_slots
+                .is_empty()
+                .then(|| self.last_staged_of(&owner));
+            let mut tried = 0usize;
             let mut at = Some(first);
             while let Some(key) = at {
+                if let Some(last) = last {
+                    if last.is_none_or(|l| key >= l) {
+                        #[cfg(debug_assertions)]
+                        self.debug_check_none_yields(&owner, key);
+                        let queued = self.owners.get(&*owner).map_or(0, |o| o.queued.len());
+                        scanned += queued.saturating_sub(tried);
+                        if scanned > STAGE_SCAN {
+                            return;
+                        }
+                        break;
+                    }
+                }
                 scanned += 1;
+                tried += 1;
                 if scanned > STAGE_SCAN {
                     return;
                 }
@@ -1376,6 +1404,48 @@ impl Mill {
                 at = self.queued_after(&owner, key);
             }
         }
+    }
+
+    /// Debug builds: the staging pass's shortcut skipped nothing `try_stage` could act on —
+    /// no stage slot is free, and none of `owner`'s queued jobs from `from` on (the first 64)
+    /// goes before a staged job that could still yield (M36, M33), judged by `goes_before`
+    /// itself rather than the owner's latest staged key the shortcut compares with.
+    #[cfg(debug_assertions)]
+    fn debug_check_none_yields(&self, owner: &str, from: super::QueueKey) {
+        debug_assert!(
+            self.stage_slots.is_empty(),
+            "M36: skipped with a stage slot free"
+        );
+        let Some(o) = self.owners.get(owner) else {
+            return;
+        };
+        for k in o.queued.range(from..).take(STAGE_WALK) {
+            let outranked = self.staged.values().find(|lease| {
+                self.leases
+                    .get(lease)
+                    .is_some_and(|l| !l.withdrawn && self.goes_before(k.job, l.job))
+            });
+            debug_assert!(
+                outranked.is_none(),
+                "M36: the staging pass skipped {}, which goes before staged lease {:?}",
+                k.job,
+                outranked
+            );
+        }
+    }
+
+    /// The latest, in its owner's order (M33), of `owner`'s staged jobs that can still be
+    /// made to yield (not withdrawn); `None` when it has none.
+    fn last_staged_of(&self, owner: &str) -> Option<super::QueueKey> {
+        self.staged
+            .values()
+            .filter_map(|lease| self.leases.get(lease))
+            .filter(|l| !l.withdrawn)
+            .filter_map(|l| {
+                let j = self.jobs.get(&l.job)?;
+                (*j.spec.identity.owner == *owner).then(|| super::QueueKey::of(l.job, &j.spec))
+            })
+            .max()
     }
 
     /// [`Mill::stage_pending`] for one queued job: true when it was staged, left the queue
